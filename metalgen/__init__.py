@@ -1,0 +1,29 @@
+"""metalgen: an inference engine for Qwen-family decoders on MLX.
+
+    import metalgen
+    model, tokenizer = metalgen.load("dummy:qwen3-0.6b")
+    for r in metalgen.stream(model, tokenizer, [{"role": "user", "content": "Hi"}]):
+        print(r.text, end="", flush=True)
+"""
+
+from .api import generate, load, stream
+from .cache import KVCache, make_prompt_cache
+from .errors import MetalgenError
+from .generate import GenerationResponse, generate_step, stream_generate
+from .sampling import make_logits_processors, make_sampler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MetalgenError",
+    "load",
+    "stream",
+    "generate",
+    "GenerationResponse",
+    "generate_step",
+    "stream_generate",
+    "make_sampler",
+    "make_logits_processors",
+    "KVCache",
+    "make_prompt_cache",
+]

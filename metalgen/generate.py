@@ -1,0 +1,249 @@
+"""Generation, in three layers: `prefill` and `decode_step`, the token generator
+`generate_step` that pipelines them, and `stream_generate`, which turns tokens into a stream of
+responses with text, stop handling and statistics.
+
+The loop is double-buffered: step n+1 is enqueued (`mx.async_eval`) before token n is read
+back, so the device never waits on the host, and the token id is the only per-step readback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from profiling import NullTracer
+
+from .cache import make_prompt_cache
+from .errors import MetalgenError
+from .sampling import LogitsProcessor, Sampler, make_sampler
+
+_NULL_TRACER = NullTracer()
+
+
+@dataclasses.dataclass
+class GenerationResponse:
+    """One generated token and the text it completed.
+
+    Attributes:
+        text: the new text since the previous response (may be empty while a multi-byte
+            character or a possible stop string is incomplete).
+        token: the token id.
+        logprob: its log-probability under the model's unfiltered distribution.
+        prompt_tokens, prompt_tps: prompt length and prefill speed (tokens/s).
+        generation_tokens, generation_tps: tokens generated so far and decode speed.
+        peak_memory: peak device memory so far, in GB.
+        finish_reason: None while generating, then "stop" (EOS or stop string) or "length".
+    """
+
+    text: str
+    token: int
+    logprob: float
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: Optional[str] = None
+
+
+def prefill(model, prompt: mx.array, cache, step_size: int, tracer=_NULL_TRACER) -> mx.array:
+    """Feed all but the last `step_size` (or fewer) prompt tokens through the model in chunks,
+    filling `cache`; returns the tokens still to be fed (by the first decode step)."""
+    while prompt.size > step_size:
+        with tracer.span("prefill", tokens=step_size, sync=True):
+            model(prompt[None, :step_size], cache=cache)
+            mx.eval([c.state for c in cache])
+        prompt = prompt[step_size:]
+    return prompt
+
+
+def decode_step(
+    model,
+    inputs: mx.array,
+    cache,
+    sampler: Sampler,
+    processors: Sequence[LogitsProcessor],
+    history: Optional[mx.array],
+    tracer=_NULL_TRACER,
+    phase: str = "decode_step",
+) -> Tuple[mx.array, mx.array]:
+    """Enqueue one step: logits of the last input position, processors, sampler.
+
+    inputs: (L,) token ids not yet in the cache. Returns lazy (token (1,), logprob (1,)).
+    `phase` names the trace event: the step that feeds the prompt's last chunk is prefill.
+    """
+    with tracer.span(phase, tokens=int(inputs.size), sync=False):
+        logits = model(inputs[None], cache=cache)[:, -1, :]
+        for processor in processors:
+            logits = processor(history, logits)
+    with tracer.span("sample", sync=False):
+        return sampler(logits)
+
+
+def generate_step(
+    prompt: mx.array,
+    model,
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Sampler] = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    prompt_cache=None,
+    prefill_step_size: int = 512,
+    tracer=_NULL_TRACER,
+) -> Iterator[Tuple[int, float]]:
+    """Yield (token id, logprob) pairs, at most `max_tokens` of them.
+
+    Args:
+        prompt: (T,) prompt token ids.
+        sampler: from `make_sampler`; greedy by default.
+        logits_processors: functions `(history (T,), logits (1, V)) -> logits`.
+        prompt_cache: per-layer caches to fill (fresh ones by default); reusable afterwards.
+        prefill_step_size: prompt tokens per prefill chunk.
+    """
+    sampler = sampler or make_sampler()
+    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    processors = list(logits_processors)
+    history = prompt if processors else None
+
+    rest = prefill(model, prompt, cache, prefill_step_size, tracer)
+    y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
+    mx.async_eval(y, logprob)
+    n = 0
+    while n < max_tokens:
+        if n + 1 < max_tokens:
+            # Enqueue step n+1 on the device before reading token n back.
+            if processors:
+                history = mx.concatenate([history, y])
+            next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history, tracer)
+            mx.async_eval(next_y, next_logprob)
+        with tracer.span("readback", step=n, sync=True):
+            token = y.item()
+        yield token, logprob.item()
+        n += 1
+        if n < max_tokens:
+            y, logprob = next_y, next_logprob
+
+
+class _StopText:
+    """Holds back text that could still grow into a stop string."""
+
+    def __init__(self, stop_strings: Sequence[str]):
+        self.stops = [s for s in stop_strings if s]
+        self.text = ""
+        self.emitted = 0
+
+    def push(self, segment: str) -> Tuple[str, bool]:
+        """Add decoded text; return (text safe to emit now, whether a stop string was hit)."""
+        self.text += segment
+        if not self.stops:
+            out, self.emitted = self.text[self.emitted :], len(self.text)
+            return out, False
+        longest = max(len(s) for s in self.stops)
+        start = max(0, self.emitted - longest + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            cut = min(hits)
+            out = self.text[self.emitted : cut]
+            self.emitted = len(self.text)
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text) - self.emitted), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        end = len(self.text) - hold
+        out, self.emitted = self.text[self.emitted : end], end
+        return out, False
+
+    def flush(self) -> str:
+        out, self.emitted = self.text[self.emitted :], len(self.text)
+        return out
+
+
+def _peak_memory_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Sampler] = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    stop_strings: Iterable[str] = (),
+    eos_token_ids: Optional[Iterable[int]] = None,
+    prefill_step_size: int = 512,
+    prompt_cache=None,
+    tracer=_NULL_TRACER,
+) -> Iterator[GenerationResponse]:
+    """Generate from prompt token ids, yielding a GenerationResponse per token.
+
+    Stops at an EOS id (default: the tokenizer's), at any of `stop_strings` (the stop string
+    and what follows it are not emitted), at `max_tokens`, or at the model's context length.
+    """
+    prompt = list(prompt)
+    if not prompt:
+        raise MetalgenError("the prompt is empty")
+    context = model.spec.max_position_embeddings
+    if len(prompt) >= context:
+        raise MetalgenError(
+            f"the prompt has {len(prompt)} tokens, past the model's context of {context}"
+        )
+    vocab = model.spec.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise MetalgenError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab}")
+    if max_tokens < 0:
+        raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
+    budget = min(max_tokens, context - len(prompt))
+    eos = set(tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    detok = tokenizer.detokenizer()
+    stop = _StopText(list(stop_strings))
+
+    mx.reset_peak_memory()
+    tic = time.perf_counter()
+    prompt_tps = 0.0
+    n = 0
+    tokens = generate_step(
+        mx.array(prompt, mx.int32),
+        model,
+        max_tokens=budget,
+        sampler=sampler,
+        logits_processors=logits_processors,
+        prompt_cache=prompt_cache,
+        prefill_step_size=prefill_step_size,
+        tracer=tracer,
+    )
+    token, logprob = -1, 0.0
+    for n, (token, logprob) in enumerate(tokens, start=1):
+        if n == 1:
+            prompt_time = time.perf_counter() - tic
+            prompt_tps = len(prompt) / prompt_time
+            tic = time.perf_counter()
+        gen_tps = (n - 1) / max(time.perf_counter() - tic, 1e-9) if n > 1 else 0.0
+
+        def response(text: str, reason: Optional[str]) -> GenerationResponse:
+            return GenerationResponse(
+                text, token, logprob, len(prompt), prompt_tps, n, gen_tps, _peak_memory_gb(), reason
+            )
+
+        if token in eos:
+            yield response(stop.push(detok.finalize())[0] + stop.flush(), "stop")
+            return
+        text, hit = stop.push(detok.add(token))
+        if hit:
+            yield response(text, "stop")
+            return
+        if n == budget:
+            text += stop.push(detok.finalize())[0] + stop.flush()
+            yield response(text, "length")
+            return
+        yield response(text, None)
+    if n == 0:  # max_tokens == 0: nothing generated, still say why it ended
+        yield GenerationResponse("", -1, 0.0, len(prompt), 0.0, 0, 0.0, _peak_memory_gb(), "length")

@@ -1,0 +1,41 @@
+"""Pieces every model file shares: the ModelArgs base and the attention-mask choice."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from ..errors import MetalgenError
+
+
+@dataclasses.dataclass
+class BaseModelArgs:
+    """Base of every model's `ModelArgs`: fields carry Hugging Face config.json names."""
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any]):
+        """Build from a config dict, ignoring keys this architecture does not use."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = [
+            name
+            for name, f in fields.items()
+            if name not in params
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise MetalgenError(
+                f"config.json lacks required field(s) {', '.join(missing)} for model_type "
+                f"'{params.get('model_type', '?')}'"
+            )
+        return cls(**{k: v for k, v in params.items() if k in fields})
+
+
+def causal_mask_for(length: int) -> Optional[str]:
+    """The mask a block needs for `length` new tokens appended to a cache.
+
+    A single query token sees the whole cache, so it needs none; longer inputs use the
+    lower-right aligned causal mask that `mx.fast.scaled_dot_product_attention` knows by
+    name, which is also right for a prompt chunk appended after earlier chunks.
+    """
+    return "causal" if length > 1 else None

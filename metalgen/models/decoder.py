@@ -1,0 +1,172 @@
+"""The Qwen decoder stack, shared by every Qwen text model file and the speech talkers.
+
+Qwen2/Qwen2.5 and Qwen3 differ only in their attention (q/k/v biases versus per-head q/k
+norms, and whether head_dim is explicit); the model files state those differences through
+`DecoderSpec` and keep their own `ModelArgs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import kernels_metal as K
+
+from .base import causal_mask_for
+from .layers import Linear, RMSNorm
+from .rope import RoPE, RopeConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+    """The architecture of one decoder, resolved from a ModelArgs."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+
+class Attention(nn.Module):
+    """Grouped-query attention; K/V heads are never repeated to match the query heads."""
+
+    def __init__(self, spec: DecoderSpec, rope: RoPE):
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.n_heads = spec.num_attention_heads
+        self.n_kv_heads = spec.num_key_value_heads
+        self.head_dim = d
+        self.scale = d**-0.5
+        self.q_proj = Linear(h, self.n_heads * d, bias=spec.qkv_bias)
+        self.k_proj = Linear(h, self.n_kv_heads * d, bias=spec.qkv_bias)
+        self.v_proj = Linear(h, self.n_kv_heads * d, bias=spec.qkv_bias)
+        self.o_proj = Linear(self.n_heads * d, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(d, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(d, spec.rms_norm_eps)
+        self._rope = rope
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        B, L, _ = x.shape
+        # (B, L, heads * D) -> (B, L, heads, D); per-head norms act on D before RoPE
+        q = self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+        if "q_norm" in self:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        # -> (B, heads, L, D)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        offset = cache.offset if cache is not None else 0
+        q = self._rope(q, offset)
+        k = self._rope(k, offset)
+
+        if cache is None:
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        elif L == 1:
+            cache.update(k, v)
+            o = K.decode_attention(q, cache.keys, cache.values, cache.offset, self.scale)
+        else:
+            keys, values = cache.update_and_fetch(k, v)
+            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        # (B, heads, L, D) -> (B, L, heads * D)
+        o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = Linear(dims, hidden_dims, bias=False)
+        self.up_proj = Linear(dims, hidden_dims, bias=False)
+        self.down_proj = Linear(hidden_dims, dims, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: attention and MLP, each added back to the residual stream."""
+
+    def __init__(self, spec: DecoderSpec, rope: RoPE):
+        super().__init__()
+        self.self_attn = Attention(spec, rope)
+        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the layer stack and the final norm: the checkpoint's `model.*` subtree."""
+
+    def __init__(self, spec: DecoderSpec):
+        super().__init__()
+        self.spec = spec
+        rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = [DecoderLayer(spec, rope) for _ in range(spec.num_hidden_layers)]
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def __call__(
+        self,
+        inputs: Optional[mx.array] = None,
+        cache: Optional[List[Any]] = None,
+        input_embeddings: Optional[mx.array] = None,
+    ) -> mx.array:
+        # inputs: (B, L) token ids, or input_embeddings: (B, L, hidden) given directly
+        h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
+        mask = causal_mask_for(h.shape[1])
+        if cache is None:
+            cache = [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer(h, mask, layer_cache)
+        return self.norm(h)
+
+
+class CausalLM(nn.Module):
+    """Decoder plus LM head (tied to the embedding or its own `lm_head`). Returns logits."""
+
+    def __init__(self, spec: DecoderSpec, tie_word_embeddings: bool):
+        super().__init__()
+        self.model = DecoderModel(spec)
+        if not tie_word_embeddings:
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self.model.spec
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    def __call__(self, inputs=None, cache=None, input_embeddings=None) -> mx.array:
+        h = self.model(inputs, cache, input_embeddings)
+        if "lm_head" in self:
+            return self.lm_head(h)
+        return self.model.embed_tokens.as_linear(h)
+
+    def sanitize(self, weights: dict) -> dict:
+        """Drop checkpoint entries that carry no parameters of ours."""
+        weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+        if "lm_head" not in self:
+            # Tied checkpoints sometimes also store the head; it equals the embedding.
+            weights.pop("lm_head.weight", None)
+        return weights

@@ -1,0 +1,27 @@
+"""Shared fixtures: tiny random checkpoints in Hugging Face layout, the shipped tokenizer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "metalgen" / "assets" / "qwen3-tokenizer"
+
+
+def pytest_collection_modifyitems(config, items):
+    import kernels_metal
+
+    if kernels_metal.backend() != "cpu":
+        return
+    skip = pytest.mark.skip(reason="needs a GPU backend (Metal or CUDA)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def copy_tokenizer(folder: Path) -> None:
+    """Put the real Qwen tokenizer files into a checkpoint folder."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ASSET_TOKENIZER / name, folder / name)
