@@ -1,0 +1,130 @@
+"""Normalization, the split pattern and the byte alphabet agree with the reference's pieces."""
+
+from __future__ import annotations
+
+import os
+import random
+import unicodedata
+
+import pytest
+import regex
+
+from tokenizer.pretokenize import (
+    BYTE_TO_CHAR,
+    CHAR_TO_BYTE,
+    QWEN2_PATTERN,
+    Splitter,
+    _barrier_regex,
+    disagreeing_characters,
+    make_normalizer,
+    pin_unicode_classes,
+    split_pattern,
+)
+
+hf_tokenizers = pytest.importorskip("tokenizers")
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return hf_tokenizers.Tokenizer.from_file(os.path.join(ASSETS, "tokenizer.json"))
+
+
+def test_byte_alphabet_is_a_bijection_of_printable_characters():
+    assert len(set(BYTE_TO_CHAR)) == 256
+    assert all(CHAR_TO_BYTE[c] == b for b, c in enumerate(BYTE_TO_CHAR))
+    assert BYTE_TO_CHAR[ord(" ")] == "Ġ" and BYTE_TO_CHAR[ord("\n")] == "Ċ" and BYTE_TO_CHAR[ord("a")] == "a"
+    assert all(not c.isspace() for c in BYTE_TO_CHAR)
+
+
+def test_pattern_is_read_from_tokenizer_json(ref):
+    import json
+
+    with open(os.path.join(ASSETS, "tokenizer.json"), encoding="utf-8") as f:
+        config = json.load(f)["pre_tokenizer"]
+    assert split_pattern(config) == QWEN2_PATTERN
+    assert split_pattern(None) == QWEN2_PATTERN
+
+
+def _ref_pieces(ref, text):
+    # The reference's pre-tokens, mapped back from the byte alphabet to text.
+    return [bytes(CHAR_TO_BYTE[c] for c in piece).decode("utf-8", "replace") for piece, _ in ref.pre_tokenizer.pre_tokenize_str(text)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello, world! DON'T We'LL it's",
+        "  leading\tand trailing  \n\n  ",
+        "x = foo(bar[1], 'baz')  # 123",
+        "中文，日本語。한국어!",
+        "a\u0301 e\u0301",
+        "\U000323b0x'D \u088fy 1\U00011de0 2",  # Unicode 17.0 letters and digits: not letters for the reference
+    ],
+)
+def test_split_matches_reference(ref, text):
+    assert Splitter(QWEN2_PATTERN).split(text) == _ref_pieces(ref, text)
+
+
+def test_pinned_classes_agree_with_reference_on_sampled_code_points(ref):
+    # The fixed Unicode 16.0 classes against the reference, on a sample of every plane in use.
+    rng = random.Random(0)
+    pinned = regex.compile(pin_unicode_classes(r"\p{L}|\p{N}"))
+    letters_and_digits = regex.compile(pin_unicode_classes(r"\p{L}"))
+    cps = [rng.randrange(0, 0x32000) for _ in range(3000)] + list(range(0x323A0, 0x323C0))
+    for cp in cps:
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        if c in "\r\n":
+            continue
+        ref_is_letter = len(ref.pre_tokenizer.pre_tokenize_str("a" + c + "a")) == 1
+        assert bool(letters_and_digits.fullmatch(c)) == ref_is_letter, hex(cp)
+        if not ref_is_letter:
+            ref_is_digit = len(ref.pre_tokenizer.pre_tokenize_str("a" + c + "a")) == 3 and not c.isspace()
+            assert bool(pinned.fullmatch(c)) == ref_is_digit, hex(cp)
+
+
+def test_disagreeing_characters_are_only_recent_ones():
+    body = disagreeing_characters()
+    if body:
+        odd = regex.compile(f"[{body}]")
+        common = "".join(chr(c) for c in [*range(0x20, 0x800), *range(0x3000, 0xA000), *range(0xAC00, 0xD7A4)])
+        assert not odd.search(common)
+
+
+def test_pin_rewrites_inside_and_outside_classes():
+    out = pin_unicode_classes(r"[^\r\n\p{L}\p{N}]?\p{L}+|\P{N}|\\p{L}")
+    assert r"\p{" not in out.replace(r"\\p{L}", "")
+    assert out.endswith(r"|\\p{L}")  # an escaped backslash followed by text is left alone
+    assert regex.compile(out).match("Abc")
+
+
+def test_normalizer_matches_reference_nfc():
+    nfc = make_normalizer({"type": "NFC"})
+    ref_nfc = hf_tokenizers.normalizers.NFC()
+    samples = [
+        "cafe\u0301",
+        "A\u030a\u0323",
+        "\u1100\u1161\u11a8",
+        "a\u0315\u1df9",  # U+1DF9: combining class 220, unknown to the reference's tables
+        "a\U00016ff0\u0316",
+        "\U00011935\U00011930",  # composes in Unicode 13.0, not for the reference
+        "x\u0358\u1715",
+    ]
+    for s in samples:
+        assert nfc(s) == ref_nfc.normalize_str(s), [hex(ord(c)) for c in s]
+    assert nfc("cafe\u0301") == unicodedata.normalize("NFC", "cafe\u0301")
+    assert _barrier_regex().search("a\u1df9") and not _barrier_regex().search("cafe\u0301")
+
+
+def test_normalizer_sequences_and_unsupported():
+    from tokenizer import TokenizerError
+
+    assert make_normalizer(None) is None
+    assert make_normalizer({"type": "Sequence", "normalizers": []}) is None
+    both = make_normalizer({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFC"}]})
+    assert both("e\u0301") == "\u00e9"
+    with pytest.raises(TokenizerError, match="unsupported normalizer type 'Lowercase'"):
+        make_normalizer({"type": "Lowercase"})
