@@ -1,0 +1,114 @@
+"""metalgen's custom kernels: one Python function per kernel.
+
+Each kernel exists as a Metal shader (mx.fast.metal_kernel), a CUDA twin (mx.fast.cuda_kernel),
+both generated from one body (kernels_metal/bodies) and a per-backend prelude
+(kernels_metal/preludes), and a pure-MLX reference (kernels_metal.reference). The backend is
+decided once; models call these functions and never know which variant ran. See docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+from . import reference
+from .reference import RopeTable, rope_table, make_sample_state
+
+__all__ = [
+    "backend",
+    "set_verbose",
+    "rms_norm",
+    "add_rms_norm",
+    "rope_table",
+    "RopeTable",
+    "rope",
+    "mrope",
+    "decode_attention",
+    "linear",
+    "quantized_linear",
+    "sample",
+    "make_sample_state",
+    "GEMV_MAX_ROWS",
+]
+
+_VERBOSE = False
+
+
+def set_verbose(flag: bool = True) -> None:
+    """Report (on stderr) every kernel variant that cannot be built and falls back."""
+    global _VERBOSE
+    _VERBOSE = bool(flag)
+
+
+def verbose() -> bool:
+    return _VERBOSE
+
+
+@functools.lru_cache(maxsize=1)
+def backend() -> str:
+    """'metal' | 'cuda' | 'cpu', decided once."""
+    try:
+        if mx.metal.is_available():
+            return "metal"
+    except Exception:
+        pass
+    try:
+        if hasattr(mx, "cuda") and mx.cuda.is_available():
+            return "cuda"
+    except Exception:
+        pass
+    return "cpu"
+
+
+def _impl():
+    if backend() == "cpu":
+        from . import cpu
+
+        return cpu
+    from . import gpu
+
+    return gpu
+
+
+from .gpu import GEMV_MAX_ROWS  # noqa: E402  (the dispatch rule, documented in docs/kernels.md)
+
+
+def rms_norm(x, weight, eps):
+    """Same semantics as mx.fast.rms_norm; float32 inside, output x.dtype."""
+    return _impl().rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(y, h) with h = x + residual (x.dtype) and y = rms_norm(h)."""
+    return _impl().add_rms_norm(x, residual, weight, eps)
+
+
+def rope(x, table, offset):
+    """Standard (rotate_half) RoPE of x (B, H, L, D) at positions offset .. offset+L-1."""
+    return _impl().rope(x, table, int(offset))
+
+
+def mrope(x, table, position_ids, mrope_section, interleaved):
+    """M-RoPE with three position ids per token (3, B, L); see docs/kernels.md for the layouts."""
+    return _impl().mrope(x, table, position_ids, tuple(int(s) for s in mrope_section), bool(interleaved))
+
+
+def decode_attention(q, k, v, length, scale):
+    """One query token per sequence over the first `length` cache positions, grouped-query."""
+    return _impl().decode_attention(q, k, v, int(length), float(scale))
+
+
+def linear(x, weight, bias=None):
+    """x @ weight.T (+ bias): a GEMV when x has at most GEMV_MAX_ROWS rows, else mx.matmul."""
+    return _impl().linear(x, weight, bias)
+
+
+def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
+    """MLX-quantized (4 or 8 bit) x @ W.T: a GEMV for few rows, else mx.quantized_matmul."""
+    return _impl().quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
+
+
+def sample(logits, temperature, top_k, top_p, min_p, state):
+    """Fused temperature / top-k / top-p / min-p and Gumbel-max draw; (tokens, logprobs, next_state)."""
+    return _impl().sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state)

@@ -1,0 +1,349 @@
+"""GPU check of every kernel twin against its reference, with timings.
+
+    python -m kernels_metal.check [--quick] [--out DIR]
+
+Fresh random inputs (never zeros) at small, odd and real model shapes. For each case: the max
+relative error (max |ours - ref| / max |ref|, the reference in float32 composite MLX ops), our time,
+the time of the MLX built-in the kernel replaces, the bytes each must move at least, and the
+reached fraction of the measured copy bandwidth. A compact table is printed last; full JSON lines
+go to DIR/check.jsonl when --out (or $OUT) is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import mlx.core as mx
+import numpy as np
+
+import kernels_metal as K
+from kernels_metal import gpu
+from kernels_metal import reference as ref
+
+ROWS = []
+LOG = None
+
+
+def log(msg):
+    print(msg, flush=True)
+    if LOG:
+        LOG.write(msg + "\n")
+        LOG.flush()
+
+
+def bench(fn, reps=20, trials=7):
+    """Median seconds per call: `reps` calls queued, then one evaluation, `trials` times."""
+    out = fn()
+    mx.eval(out)
+    out = fn()
+    mx.eval(out)
+    ts = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        outs = [fn() for _ in range(reps)]
+        mx.eval(outs)
+        ts.append((time.perf_counter() - t0) / reps)
+    return float(np.median(ts))
+
+
+def relerr(a, b):
+    a = np.array(a.astype(mx.float32), dtype=np.float64)
+    b = np.array(b.astype(mx.float32), dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+COPY_BW = None
+
+
+def copy_bandwidth():
+    a = mx.random.normal((256 * 1024 * 1024,)).astype(mx.bfloat16)  # 512 MiB
+    mx.eval(a)
+    t = bench(lambda: a + 1, reps=5, trials=5)
+    return 2 * a.nbytes / t
+
+
+def record(kernel, shape, err, tol, t_ours, t_mlx, nbytes, mlx_name, extra=None):
+    bw = nbytes / t_ours if t_ours else float("nan")
+    row = dict(kernel=kernel, shape=shape, err=err, tol=tol, ok=bool(err <= tol), us=t_ours * 1e6,
+               mlx_us=(t_mlx * 1e6 if t_mlx else None), mlx=mlx_name, GBps=bw / 1e9,
+               frac=(bw / COPY_BW if COPY_BW else None))
+    if extra:
+        row.update(extra)
+    ROWS.append(row)
+    log(json.dumps(row))
+
+
+def rnd(shape, dtype=mx.bfloat16, scale=1.0):
+    return (mx.random.normal(shape) * scale).astype(dtype)
+
+
+def case(fn):
+    def wrapped(*a, **k):
+        try:
+            fn(*a, **k)
+        except Exception as e:  # noqa: BLE001
+            log(f"ERROR {fn.__name__} {a} {k}: {type(e).__name__}: {e}")
+            log(traceback.format_exc())
+            ROWS.append(dict(kernel=fn.__name__, shape=str(a), err=float("inf"), tol=0, ok=False, us=0,
+                             mlx_us=None, mlx="", GBps=0, frac=0))
+    return wrapped
+
+
+@case
+def c_rms(rows, D, dtype=mx.bfloat16, add=False):
+    x = rnd((rows, D), dtype)
+    w = (1 + 0.1 * mx.random.normal((D,))).astype(dtype)
+    if add:
+        r = rnd((rows, D), dtype)
+        y, h = K.add_rms_norm(x, r, w, 1e-6)
+        yr, hr = ref.add_rms_norm(x, r, w, 1e-6)
+        err = max(relerr(y, yr), relerr(h, hr))
+        t = bench(lambda: K.add_rms_norm(x, r, w, 1e-6))
+        tm = bench(lambda: (mx.fast.rms_norm(x + r, w, 1e-6), x + r))
+        nb = 4 * x.nbytes + w.nbytes
+    else:
+        y = K.rms_norm(x, w, 1e-6)
+        err = relerr(y, ref.rms_norm(x, w, 1e-6))
+        t = bench(lambda: K.rms_norm(x, w, 1e-6))
+        tm = bench(lambda: mx.fast.rms_norm(x, w, 1e-6))
+        nb = 2 * x.nbytes + w.nbytes
+    record("add_rms_norm" if add else "rms_norm", f"{rows}x{D} {dtype}".replace("mlx.core.", ""), err,
+           1e-2 if dtype != mx.float32 else 1e-5, t, tm, nb, "fast.rms_norm")
+
+
+def _inv(D, base=1e6):
+    return 1.0 / base ** (np.arange(0, D, 2, dtype=np.float64) / D)
+
+
+@case
+def c_rope(B, H, L, D, offset, dtype=mx.bfloat16):
+    tab = K.rope_table(_inv(D), 40960)
+    x = rnd((B, H, L, D), dtype)
+    y = K.rope(x, tab, offset)
+    err = relerr(y, ref.rope(x, tab, offset))
+    t = bench(lambda: K.rope(x, tab, offset))
+    tm = bench(lambda: mx.fast.rope(x, D, traditional=False, base=1e6, scale=1.0, offset=offset))
+    record("rope", f"B{B} H{H} L{L} D{D} off{offset}", err, 1e-2, t, tm, 2 * x.nbytes, "fast.rope")
+
+
+@case
+def c_mrope(B, H, L, D, sec, inter):
+    tab = K.rope_table(_inv(D), 40960)
+    x = rnd((B, H, L, D))
+    pid = mx.random.randint(0, 40000, (3, B, L))
+    y = K.mrope(x, tab, pid, sec, inter)
+    err = relerr(y, ref.mrope(x, tab, pid, sec, inter))
+    t = bench(lambda: K.mrope(x, tab, pid, sec, inter))
+    tm = bench(lambda: mx.fast.rope(x, D, traditional=False, base=1e6, scale=1.0, offset=7))
+    record("mrope" + ("_inter" if inter else ""), f"B{B} H{H} L{L} D{D} {list(sec)}", err, 1e-2, t, tm,
+           2 * x.nbytes, "fast.rope(1 pos)")
+
+
+@case
+def c_attn(B, Hkv, G, D, length, nsplit=None, cap_extra=13):
+    Hq = Hkv * G
+    S = length + cap_extra
+    q = rnd((B, Hq, 1, D))
+    k = rnd((B, Hkv, S, D))
+    v = rnd((B, Hkv, S, D))
+    scale = 1.0 / math.sqrt(D)
+    o = gpu.decode_attention(q, k, v, length, scale, nsplit=nsplit)
+    err = relerr(o, ref.decode_attention(q, k, v, length, scale))
+    t = bench(lambda: gpu.decode_attention(q, k, v, length, scale, nsplit=nsplit))
+    ks, vs = k[:, :, :length], v[:, :, :length]
+    tm = bench(lambda: mx.fast.scaled_dot_product_attention(q, ks, vs, scale=scale))
+    ns = nsplit or gpu.attention_splits(B * Hkv, length)
+    record("decode_attention", f"B{B} Hkv{Hkv} G{G} D{D} L{length} split{ns}", err, 1e-2, t, tm,
+           2 * B * Hkv * length * D * 2 + 2 * q.nbytes, "fast.sdpa")
+
+
+@case
+def c_gemv(M, Kd, N, dtype=mx.bfloat16, bias=False, force=True):
+    x = rnd((M, Kd), dtype)
+    w = rnd((N, Kd), dtype, 0.05)
+    b = rnd((N,), dtype) if bias else None
+    f = (lambda: gpu.gemv(x, w, b)) if force else (lambda: K.linear(x, w, b))
+    y = f()
+    err = relerr(y, ref.linear(x, w, b))
+    t = bench(f)
+    tm = bench(lambda: (x @ w.T + b) if bias else x @ w.T)
+    record("gemv" + ("_bias" if bias else ""), f"M{M} K{Kd} N{N} {dtype}".replace("mlx.core.", ""), err, 1e-2, t,
+           tm, w.nbytes + x.nbytes + M * N * 2, "matmul", dict(M=M, K=Kd, N=N))
+
+
+@case
+def c_qgemv(M, Kd, N, bits, gs=64, bias=False):
+    x = rnd((M, Kd))
+    wf = rnd((N, Kd), mx.bfloat16, 0.05)
+    w, s, bq = mx.quantize(wf, group_size=gs, bits=bits)
+    b = rnd((N,)) if bias else None
+    f = lambda: gpu.gemv_quantized(x, w, s, bq, gs, bits, b)  # noqa: E731
+    y = f()
+    err = relerr(y, ref.quantized_linear(x, w, s, bq, gs, bits, b))
+    t = bench(f)
+    tm = bench(lambda: mx.quantized_matmul(x, w, s, bq, transpose=True, group_size=gs, bits=bits))
+    record(f"gemv_q{bits}" + ("_bias" if bias else ""), f"M{M} K{Kd} N{N} g{gs}", err, 1e-2, t, tm,
+           w.nbytes + s.nbytes + bq.nbytes + x.nbytes + M * N * 2, "quantized_matmul", dict(M=M, K=Kd, N=N))
+
+
+@case
+def c_sample(B, V, temp, top_k, top_p, min_p, seeds=8):
+    agree = 0
+    total = 0
+    lperr = 0.0
+    for sd in range(seeds):
+        logits = rnd((B, V), mx.bfloat16, 3.0)
+        st = K.make_sample_state(1234 + sd) + mx.array([0, sd * 17], dtype=mx.uint32)
+        tok, lp, ns = gpu.sample(logits, temp, top_k, top_p, min_p, st)
+        rt, rl, rns = ref.sample(logits, temp, top_k, top_p, min_p, st)
+        agree += int(mx.sum(tok == rt).item())
+        total += B
+        lperr = max(lperr, relerr(lp, rl))
+        assert np.array_equal(np.array(ns), np.array(rns)), (ns, rns)
+    logits = rnd((B, V), mx.bfloat16, 3.0)
+    st = K.make_sample_state(5)
+    t = bench(lambda: gpu.sample(logits, temp, top_k, top_p, min_p, st))
+    tm = bench(lambda: ref.sample(logits, temp, top_k, top_p, min_p, st))
+    err = 1.0 - agree / total
+    record("sample", f"B{B} V{V} T{temp} k{top_k} p{top_p} m{min_p}", err, 0.02, t, tm, logits.nbytes,
+           "reference ops", dict(token_mismatch=err, lp_err=lperr))
+
+
+@case
+def c_sample_chi2(temp, top_k, top_p, min_p, V=24, n=16384):
+    """Draw n tokens (n identical rows, one draw each) and chi-square against the exact
+    truncated, renormalized distribution."""
+    base = mx.random.normal((V,)) * 1.5
+    logits = mx.broadcast_to(base[None], (n, V)).astype(mx.float32)
+    st = K.make_sample_state(99)
+    tok, _, _ = gpu.sample(logits, temp, top_k, top_p, min_p, st)
+    counts = np.bincount(np.array(tok), minlength=V).astype(np.float64)
+    s = ref.filtered_logits(base[None], temp, top_k, top_p, min_p)[0]
+    p = np.array(mx.softmax(s)).astype(np.float64)
+    keep = p > 0
+    outside = counts[~keep].sum()
+    e = p[keep] * n
+    chi2 = float(((counts[keep] - e) ** 2 / e).sum())
+    dof = max(1, int(keep.sum()) - 1)
+    z = (chi2 - dof) / math.sqrt(2 * dof)  # normal approximation
+    record("sample_chi2", f"V{V} T{temp} k{top_k} p{top_p} m{min_p} n{n}", abs(z) if outside == 0 else 1e9, 4.0,
+           0, 0, 0, "", dict(chi2=chi2, dof=dof, outside=outside))
+
+
+def main(argv=None):
+    global LOG, COPY_BW
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--only", default="")
+    args = ap.parse_args(argv)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        LOG = open(os.path.join(args.out, "check.jsonl"), "w")
+    K.set_verbose(True)
+    log(f"backend={K.backend()} mlx={mx.__version__} device={mx.default_device()}")
+    mx.random.seed(0)
+    COPY_BW = copy_bandwidth()
+    log(f"copy bandwidth (read+write) {COPY_BW / 1e9:.0f} GB/s")
+    only = set(args.only.split(",")) if args.only else None
+    q = args.quick
+
+    def want(k):
+        return only is None or k in only
+
+    if want("norm"):
+        for rows in ([1, 7] if q else [1, 7, 64, 2048]):
+            for D in [896, 1024, 2560]:
+                c_rms(rows, D)
+                c_rms(rows, D, add=True)
+        c_rms(3, 100, mx.float16)
+        c_rms(5, 1000, mx.float32)
+    if want("rope"):
+        for (H, D) in [(14, 64), (16, 128), (32, 128)]:
+            for L in ([1, 9] if q else [1, 9, 512]):
+                c_rope(1, H, L, D, 32000 if L < 100 else 5)
+        c_rope(3, 2, 5, 64, 77, mx.float16)
+        for inter in (False, True):
+            c_mrope(1, 16, 9, 128, (24, 20, 20), inter)
+            c_mrope(2, 4, 300, 128, (16, 24, 24), inter)
+            c_mrope(1, 14, 1, 64, (8, 12, 12), inter)
+    if want("attn"):
+        for (Hkv, G, D) in [(2, 7, 64), (8, 2, 128), (8, 4, 128), (2, 1, 128), (4, 8, 64)]:
+            for L in ([1, 37, 4096] if q else [1, 37, 1000, 4096, 32768]):
+                c_attn(1, Hkv, G, D, L)
+        c_attn(4, 8, 2, 128, 2049)
+        c_attn(3, 2, 4, 64, 777, nsplit=1)
+        c_attn(3, 2, 4, 64, 777, nsplit=5)
+        c_attn(1, 8, 2, 128, 32768, nsplit=1)
+    if want("gemv"):
+        shapes = [(896, 896), (896, 4864), (4864, 896), (1024, 3072), (2560, 9728), (9728, 2560), (1024, 151936)]
+        if q:
+            shapes = shapes[:3] + shapes[-1:]
+        for (Kd, N) in shapes:
+            for M in [1, 2, 4]:
+                c_gemv(M, Kd, N)
+        c_gemv(3, 136, 77, mx.float16, bias=True)
+        c_gemv(1, 896, 4864, bias=True)
+        for (Kd, N) in shapes:
+            for bits in (4, 8):
+                for M in [1, 4]:
+                    c_qgemv(M, Kd, N, bits)
+        c_qgemv(2, 1024, 300, 4, gs=32, bias=True)
+        c_qgemv(1, 1024, 300, 8, gs=128, bias=True)
+    if want("overhead"):
+        # host cost of one call: the raw kernel object with prepared inputs vs the public path
+        x = rnd((1, 896))
+        w = rnd((896, 896), scale=0.05)
+        prm = mx.array([896, 896], dtype=mx.int32)
+        kern = gpu.kernel("gemv")
+        raw = lambda: kern(inputs=[x, w, prm], template=[("T", x.dtype), ("M", 1), ("NW", 4)],  # noqa: E731
+                           grid=(224 * 128, 1, 1), threadgroup=(128, 1, 1), output_shapes=[(1, 896)],
+                           output_dtypes=[x.dtype])[0]
+        t_raw = bench(raw)
+        t_pub = bench(lambda: gpu.gemv(x, w))
+        t_add = bench(lambda: x + 1)
+        t_mm = bench(lambda: x @ w.T)
+        log(f"overhead: raw cuda_kernel call {t_raw*1e6:.1f} us, gemv() {t_pub*1e6:.1f} us, "
+            f"x+1 {t_add*1e6:.1f} us, matmul {t_mm*1e6:.1f} us")
+    if want("dispatch"):
+        # the dispatch rule: GEMV vs matmul for growing row counts
+        for (Kd, N) in ([(1024, 3072), (2560, 9728)] if q else [(896, 4864), (1024, 3072), (2560, 9728), (9728, 2560)]):
+            for M in [1, 2, 3, 4, 6, 8, 12, 16]:
+                c_gemv(M, Kd, N)
+            for M in [1, 2, 4, 8, 16]:
+                c_qgemv(M, Kd, N, 4)
+    if want("sample"):
+        for V in ([3072, 151936] if q else [2048, 3072, 151936]):
+            for (T, k, p, m) in [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 50, 1.0, 0.0), (0.8, 0, 0.9, 0.0),
+                                 (1.0, 0, 1.0, 0.05), (0.7, 20, 0.8, 0.05)]:
+                c_sample(4, V, T, k, p, m)
+        for (T, k, p, m) in [(1.0, 0, 1.0, 0.0), (0.8, 6, 1.0, 0.0), (1.0, 0, 0.7, 0.0), (1.0, 0, 1.0, 0.2),
+                             (0.9, 10, 0.8, 0.1)]:
+            c_sample_chi2(T, k, p, m)
+    fell = {k: v for k, v in gpu.status().items() if v is False}
+    log(f"variants that fell back to the reference: {fell if fell else 'none'}")
+    # compact table last
+    log("")
+    log(f"{'kernel':<16} {'shape':<34} {'maxrel':>9} {'ok':>3} {'ours us':>8} {'mlx us':>8} {'GB/s':>7} {'frac':>5}")
+    for r in ROWS:
+        mlxus = f"{r['mlx_us']:.1f}" if r.get("mlx_us") else "-"
+        frac = f"{r['frac']:.2f}" if r.get("frac") else "-"
+        log(f"{r['kernel']:<16} {r['shape'][:34]:<34} {r['err']:>9.2e} {'Y' if r['ok'] else 'N':>3} "
+            f"{r['us']:>8.1f} {mlxus:>8} {r['GBps']:>7.0f} {frac:>5}")
+    bad = [r for r in ROWS if not r["ok"]]
+    log(f"{len(ROWS) - len(bad)}/{len(ROWS)} cases within tolerance")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The GPU variants (Metal or CUDA, from one body each) behind kernels_metal's functions.
+
+Each (variant, template arguments) is built once and cached. The first call of each is evaluated
+eagerly inside a try: a variant that cannot be built or run on this backend falls back to its
+reference for good, reported on stderr only under kernels_metal.set_verbose(True).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+import mlx.core as mx
+
+from . import reference as ref
+from . import source as S
+
+# Matmul dispatch rule (docs/kernels.md, measured by `python -m kernels_metal.check`): products
+# with at most GEMV_MAX_ROWS rows of x use the GEMV kernels, larger ones mx.matmul /
+# mx.quantized_matmul.
+GEMV_MAX_ROWS = 4
+# Measured on an H200 with MLX 0.32.4 (benchmarks/kernels_h200_run2_dispatch.txt): the dense
+# bf16 GEMV never beat mx.matmul (MLX's own GEMV path costs ~7 us against ~13 us for any
+# mx.fast.cuda_kernel call), so dense products stay on mx.matmul; the quantized GEMV beats
+# mx.quantized_matmul at 3-4 rows on matrices of >= 16M weights (51 vs 64 us at 2560x9728 q4,
+# 214 vs 374 us at the 1024x151936 q4 head) and at 1 row only on >= 64M weights (82 vs 103 us).
+QGEMV_MIN_WEIGHTS_ROWS34 = 16 * 1024 * 1024
+QGEMV_MIN_WEIGHTS_ROW1 = 64 * 1024 * 1024
+DENSE_GEMV = False  # set True to route dense decode products to the GEMV kernel anyway
+
+
+def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
+    """The matmul dispatch rule (docs/kernels.md): True where the GEMV kernel is used. Measured on
+    CUDA only; Metal applies the same rule until it is measured there."""
+    if rows < 1 or rows > GEMV_MAX_ROWS:
+        return False
+    if not quantized:
+        return DENSE_GEMV
+    weights = K * N
+    if rows >= 3:
+        return weights >= QGEMV_MIN_WEIGHTS_ROWS34
+    if rows == 1:
+        return weights >= QGEMV_MIN_WEIGHTS_ROW1
+    return False
+
+# decode attention: split the context when (batch x KV heads) groups would leave the GPU idle
+ATTN_TARGET_GROUPS = 256
+ATTN_MIN_CHUNK = 256
+ATTN_WARPS = 4
+
+_KERNELS = {}
+_STATUS = {}  # key -> True (ran) / False (fell back)
+
+
+def _backend():
+    from . import backend
+
+    return backend()
+
+
+def _say(msg):
+    from . import verbose
+
+    if verbose():
+        print(f"[kernels_metal] {msg}", file=sys.stderr)
+
+
+def kernel(name: str):
+    """The mx.fast kernel object of one variant on this backend (cached)."""
+    be = _backend()
+    key = (name, be)
+    k = _KERNELS.get(key)
+    if k is None:
+        spec = S.SPECS[name]
+        if be == "metal":
+            k = mx.fast.metal_kernel(
+                name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                source=S.body(spec, "metal"), header=S.header(spec, "metal"))
+        elif be == "cuda":
+            k = mx.fast.cuda_kernel(
+                name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                source=S.body(spec, "cuda"), header=S.header(spec, "cuda"))
+        else:
+            raise RuntimeError(f"no GPU kernels on backend {be}")
+        _KERNELS[key] = k
+    return k
+
+
+def _run(name, tkey, fallback, **kw):
+    """Runs a variant; on its first use per template key evaluates it eagerly, and falls back to
+    `fallback()` (the reference) for good if that fails."""
+    key = (name, tkey)
+    st = _STATUS.get(key)
+
+    def fb():
+        r = fallback()
+        return [r] if isinstance(r, mx.array) else r
+
+    if st is False:
+        return fb()
+    try:
+        outs = kernel(name)(**kw)
+        if st is None:
+            mx.eval(outs)
+            _STATUS[key] = True
+        return outs
+    except Exception as e:  # noqa: BLE001 - any build/run failure means: use the reference
+        _STATUS[key] = False
+        _say(f"{name} {tkey} unavailable on {_backend()} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+             "using the reference")
+        return fb()
+
+
+def status():
+    """{(variant, template key): True if it ran, False if it fell back}."""
+    return dict(_STATUS)
+
+
+_GPU_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
+
+
+@functools.lru_cache(maxsize=8192)
+def _i32(*v):
+    # small parameter arrays are cached: the shapes of a model's layers repeat every step
+    return mx.array(list(v), dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=1024)
+def _f32(*v):
+    return mx.array(list(v), dtype=mx.float32)
+
+
+def _tg(n):
+    return max(32, min(1024, (n + 31) // 32 * 32))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x, weight, eps):
+    D = x.shape[-1]
+    if x.dtype not in _GPU_DTYPES or weight.dtype not in _GPU_DTYPES or x.size == 0:
+        return ref.rms_norm(x, weight, eps)
+    rows = x.size // D
+    tmpl = [("T", x.dtype), ("W", weight.dtype), ("D", D)]
+    return _run("rms_norm", (x.dtype, weight.dtype, D), lambda: ref.rms_norm(x, weight, eps),
+                inputs=[x, weight, _f32(eps)], template=tmpl, grid=(rows * _tg(D // 4), 1, 1),
+                threadgroup=(_tg(D // 4), 1, 1), output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+
+
+def add_rms_norm(x, residual, weight, eps):
+    D = x.shape[-1]
+    if x.dtype not in _GPU_DTYPES or weight.dtype not in _GPU_DTYPES or x.size == 0:
+        return ref.add_rms_norm(x, residual, weight, eps)
+    if residual.dtype != x.dtype or residual.shape != x.shape:
+        residual = mx.broadcast_to(residual, x.shape).astype(x.dtype)
+    rows = x.size // D
+    tmpl = [("T", x.dtype), ("W", weight.dtype), ("D", D)]
+    y, h = _run("add_rms_norm", (x.dtype, weight.dtype, D), lambda: ref.add_rms_norm(x, residual, weight, eps),
+                inputs=[x, residual, weight, _f32(eps)], template=tmpl, grid=(rows * _tg(D // 4), 1, 1),
+                threadgroup=(_tg(D // 4), 1, 1), output_shapes=[x.shape, x.shape],
+                output_dtypes=[x.dtype, x.dtype])
+    return y, h
+
+
+def rope(x, table, offset):
+    B, H, L, D = x.shape
+    if offset + L > table.max_positions:
+        raise ValueError(f"rope: positions up to {offset + L} exceed the table ({table.max_positions})")
+    if x.dtype not in _GPU_DTYPES or D != table.dims:
+        return ref.rope(x, table, offset)
+    half = D // 2
+    total = B * H * L * half
+    tmpl = [("T", x.dtype), ("HALF", half)]
+    return _run("rope", (x.dtype, half), lambda: ref.rope(x, table, offset),
+                inputs=[x, table.cos, table.sin, _i32(L, H, total, offset)], template=tmpl,
+                grid=(total, 1, 1), threadgroup=(256, 1, 1), output_shapes=[x.shape],
+                output_dtypes=[x.dtype])[0]
+
+
+def mrope(x, table, position_ids, mrope_section, interleaved):
+    B, H, L, D = x.shape
+    half = D // 2
+    sec = tuple(int(s) for s in mrope_section)
+    if x.dtype not in _GPU_DTYPES or D != table.dims or len(sec) != 3 or sum(sec) != half:
+        return ref.mrope(x, table, position_ids, sec, interleaved)
+    total = B * H * L * half
+    tmpl = [("T", x.dtype), ("HALF", half), ("S0", sec[0]), ("S1", sec[1]), ("S2", sec[2]),
+            ("INTERLEAVED", bool(interleaved))]
+    pid = position_ids.astype(mx.int32)
+    return _run("mrope", (x.dtype, half, sec, bool(interleaved)),
+                lambda: ref.mrope(x, table, position_ids, sec, interleaved),
+                inputs=[x, table.cos, table.sin, _i32(L, H, total, 0), pid], template=tmpl,
+                grid=(total, 1, 1), threadgroup=(256, 1, 1), output_shapes=[x.shape],
+                output_dtypes=[x.dtype])[0]
+
+
+def attention_splits(n_groups: int, length: int) -> int:
+    """How many chunks decode attention splits the context into (1 = no split)."""
+    want = -(-ATTN_TARGET_GROUPS // max(1, n_groups))
+    return max(1, min(want, -(-length // ATTN_MIN_CHUNK)))
+
+
+def decode_attention(q, k, v, length, scale, nsplit=None):
+    B, Hq, _, D = q.shape
+    Hkv, S_cap = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+
+    def fb():
+        return ref.decode_attention(q, k, v, length, scale)
+
+    if (q.dtype not in _GPU_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or D % 32 or D > 256
+            or Hq % Hkv or G > 16 or length < 1 or q.shape[2] != 1):
+        return fb()
+    n = B * Hkv
+    if nsplit is None:
+        nsplit = attention_splits(n, length)
+    chunk = -(-length // nsplit)
+    nsplit = -(-length // chunk)
+    tg = 32 * ATTN_WARPS
+    tmpl = [("T", q.dtype), ("D", D), ("G", G), ("NW", ATTN_WARPS)]
+    params = _i32(length, S_cap, chunk, nsplit)
+    sc = _f32(scale)
+    if nsplit == 1:
+        return _run("decode_attention", (q.dtype, D, G), fb, inputs=[q, k, v, params, sc], template=tmpl,
+                    grid=(n * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[q.shape],
+                    output_dtypes=[q.dtype])[0]
+    key = ("decode_attention_split", (q.dtype, D, G))
+    if _STATUS.get(key) is False:
+        return fb()
+    try:
+        po, pml = kernel("decode_attention_split")(
+            inputs=[q, k, v, params, sc], template=tmpl, grid=(n * tg, nsplit, 1), threadgroup=(tg, 1, 1),
+            output_shapes=[(n, nsplit, G, D), (n, nsplit, G, 2)], output_dtypes=[mx.float32, mx.float32])
+        out = kernel("attention_combine")(
+            inputs=[po, pml, _i32(nsplit)], template=[("T", q.dtype), ("D", D), ("G", G)],
+            grid=(B * Hq * _tg(D), 1, 1), threadgroup=(_tg(D), 1, 1), output_shapes=[q.shape],
+            output_dtypes=[q.dtype])[0]
+        if key not in _STATUS:
+            mx.eval(out)
+            _STATUS[key] = True
+        return out
+    except Exception as e:  # noqa: BLE001
+        _STATUS[key] = False
+        _say(f"decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
+        return fb()
+
+
+def _rows(x):
+    return x.size // x.shape[-1] if x.ndim else 1
+
+
+def linear(x, weight, bias=None):
+    K = x.shape[-1]
+    N = weight.shape[0]
+    M = _rows(x)
+    if (not use_gemv(False, M, K, N) or x.dtype not in (mx.bfloat16, mx.float16) or weight.dtype != x.dtype or K % 8
+            or (bias is not None and bias.dtype != x.dtype)):
+        y = x @ weight.T
+        return y + bias if bias is not None else y
+    return gemv(x, weight, bias)
+
+
+def gemv(x, weight, bias=None):
+    K = x.shape[-1]
+    N = weight.shape[0]
+    M = _rows(x)
+    NW = 4
+    name = "gemv_bias" if bias is not None else "gemv"
+    inputs = [x, weight] + ([bias] if bias is not None else []) + [_i32(K, N)]
+    return _run(name, (x.dtype, M), lambda: ref.linear(x, weight, bias), inputs=inputs,
+                template=[("T", x.dtype), ("M", M), ("NW", NW)], grid=(-(-N // NW) * 32 * NW, 1, 1),
+                threadgroup=(32 * NW, 1, 1), output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
+
+
+def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
+    K = x.shape[-1]
+    N = w.shape[0]
+    M = _rows(x)
+    vpl = 32 if bits == 4 else 16
+    if (not use_gemv(True, M, K, N) or bits not in (4, 8) or x.dtype not in (mx.bfloat16, mx.float16) or K % vpl
+            or group_size % vpl or w.dtype != mx.uint32 or (bias is not None and bias.dtype != x.dtype)):
+        y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
+        return y + bias if bias is not None else y
+    return gemv_quantized(x, w, scales, biases, group_size, bits, bias)
+
+
+def gemv_quantized(x, w, scales, biases, group_size, bits, bias=None):
+    K = x.shape[-1]
+    N = w.shape[0]
+    M = _rows(x)
+    NW = 4
+    name = f"gemv_q{bits}" + ("_bias" if bias is not None else "")
+    inputs = [x, w, scales, biases] + ([bias] if bias is not None else []) + [_i32(K, N)]
+    return _run(name, (x.dtype, scales.dtype, M, group_size),
+                lambda: ref.quantized_linear(x, w, scales, biases, group_size, bits, bias), inputs=inputs,
+                template=[("T", x.dtype), ("M", M), ("NW", NW), ("S", scales.dtype), ("GS", group_size)],
+                grid=(-(-N // NW) * 32 * NW, 1, 1), threadgroup=(32 * NW, 1, 1),
+                output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
+
+
+def sample(logits, temperature, top_k, top_p, min_p, state):
+    if logits.ndim == 1:
+        logits = logits[None]
+    B, V = logits.shape
+    if logits.dtype not in _GPU_DTYPES:
+        return ref.sample(logits, temperature, top_k, top_p, min_p, state)
+    use_minp = min_p > 0.0
+    fp = _f32(float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
+              1.0 if use_minp else 0.0)
+    ip = _i32(V, int(top_k))
+    tok, lp, ns = _run("sample", (logits.dtype,),
+                       lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state),
+                       inputs=[logits, fp, ip, state.astype(mx.uint32)], template=[("T", logits.dtype)],
+                       grid=(B * 1024, 1, 1), threadgroup=(1024, 1, 1), output_shapes=[(B,), (B,), (2,)],
+                       output_dtypes=[mx.int32, mx.float32, mx.uint32])
+    return tok, lp, ns

@@ -1,0 +1,85 @@
+// metalgen kernel prelude: CUDA (NVRTC through mx.fast.cuda_kernel). Defines the shared
+// vocabulary that every body in kernels_metal/bodies is written in (see docs/kernels.md). Its twin
+// for the Apple backend defines the same names. MLX's generated source already includes
+// cuda_bf16.h / cuda_fp16.h (through its device utilities) and cooperative_groups.h.
+#pragma once
+
+#define MG_FN __device__ __forceinline__
+#define MG_SHARED(type, name, n) __shared__ type name[n]
+#define MG_SHARED_PTR
+#define MG_BARRIER() __syncthreads()
+#define MG_LOAD_U4(ptr) (*((const uint4*)(ptr)))
+#define MG_WARP 32u
+
+typedef uint4 mg_u4;
+typedef float2 mg_f2;
+
+#define MG_SHARED_ATOMIC_U32(name, n) __shared__ unsigned int name[n]
+#define MG_SHARED_ATOMIC_F32(name, n) __shared__ float name[n]
+#define MG_ATOMIC_ADD_U32(arr, i, v) atomicAdd(&(arr)[i], (unsigned int)(v))
+#define MG_ATOMIC_LOAD_U32(arr, i) (*(volatile unsigned int*)&(arr)[i])
+#define MG_ATOMIC_STORE_U32(arr, i, v) ((arr)[i] = (unsigned int)(v))
+#define MG_ATOMIC_ADD_F32(arr, i, v) atomicAdd(&(arr)[i], (float)(v))
+#define MG_ATOMIC_LOAD_F32(arr, i) (*(volatile float*)&(arr)[i])
+#define MG_ATOMIC_STORE_F32(arr, i, v) ((arr)[i] = (float)(v))
+
+MG_FN float mg_lanes_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+MG_FN float mg_lanes_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+MG_FN float mg_lanes_xor(float v, uint32_t m) { return __shfl_xor_sync(0xffffffffu, v, (int)m); }
+MG_FN int mg_lanes_xor_i(int v, uint32_t m) { return __shfl_xor_sync(0xffffffffu, v, (int)m); }
+MG_FN float mg_lanes_prefix_sum(float v) {
+  const int lane = threadIdx.x & 31;
+  for (int o = 1; o < 32; o <<= 1) {
+    float n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+MG_FN uint32_t mg_lanes_prefix_sum_u(uint32_t v) {
+  const int lane = threadIdx.x & 31;
+  for (int o = 1; o < 32; o <<= 1) {
+    uint32_t n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
+MG_FN float mg_exp(float x) { return expf(x); }
+MG_FN float mg_log(float x) { return logf(x); }
+MG_FN float mg_rsqrt(float x) { return rsqrtf(x); }
+MG_FN float mg_fmax(float a, float b) { return fmaxf(a, b); }
+MG_FN float mg_fmin(float a, float b) { return fminf(a, b); }
+MG_FN float mg_inf() { return __int_as_float(0x7f800000); }
+MG_FN uint32_t mg_as_uint(float x) { return __float_as_uint(x); }
+MG_FN float mg_as_float(uint32_t x) { return __uint_as_float(x); }
+
+template <typename T>
+MG_FN float mg_to_float(T x) { return static_cast<float>(x); }
+template <>
+MG_FN float mg_to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+MG_FN float mg_to_float<__half>(__half x) { return __half2float(x); }
+template <typename T>
+MG_FN T mg_from_float(float x) { return static_cast<T>(x); }
+template <>
+MG_FN __nv_bfloat16 mg_from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+MG_FN __half mg_from_float<__half>(float x) { return __float2half(x); }
+
+template <typename T>
+MG_FN mg_f2 mg_unpack2(uint32_t u);
+template <>
+MG_FN mg_f2 mg_unpack2<__nv_bfloat16>(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+template <>
+MG_FN mg_f2 mg_unpack2<__half>(uint32_t u) {
+  __half2 h = *reinterpret_cast<__half2*>(&u);
+  return __half22float2(h);
+}

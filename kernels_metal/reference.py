@@ -1,0 +1,295 @@
+"""Pure-MLX references of every kernel in kernels_metal.
+
+These functions are the test oracle: they are written with plain composite MLX operations
+(no mx.fast.*), compute in float32 and cast the result to the input dtype. They are also what a
+GPU variant falls back to when it cannot be built. The CPU backend uses the faster formulations in
+``kernels_metal.cpu`` (mx.fast.* where one exists), checked against these in the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+__all__ = [
+    "RopeTable",
+    "rope_table",
+    "rms_norm",
+    "add_rms_norm",
+    "rope",
+    "mrope",
+    "mrope_axis_map",
+    "decode_attention",
+    "linear",
+    "quantized_linear",
+    "sample",
+    "make_sample_state",
+    "hash_uniform",
+    "U32",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """y = x / sqrt(mean(x^2) + eps) * weight, in float32, returned in x.dtype."""
+    xf = x.astype(mx.float32)
+    ms = mx.mean(xf * xf, axis=-1, keepdims=True)
+    y = xf * mx.rsqrt(ms + eps) * weight.astype(mx.float32)
+    return y.astype(x.dtype)
+
+
+def add_rms_norm(x: mx.array, residual: mx.array, weight: mx.array, eps: float):
+    """h = x + residual (rounded to x.dtype), y = rms_norm(h). Returns (y, h)."""
+    h = (x.astype(mx.float32) + residual.astype(mx.float32)).astype(x.dtype)
+    return rms_norm(h, weight, eps), h
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE tables
+
+
+@dataclass(frozen=True, eq=False)
+class RopeTable:
+    """cos/sin(pos * inv_freq) * attention_scale, float32, shape (max_positions, dims // 2)."""
+
+    cos: mx.array
+    sin: mx.array
+    max_positions: int
+    dims: int
+    inv_freq: np.ndarray
+    attention_scale: float
+
+
+@functools.lru_cache(maxsize=32)
+def _rope_table_cached(inv_bytes: bytes, half: int, max_positions: int, scale: float) -> RopeTable:
+    inv = np.frombuffer(inv_bytes, dtype=np.float64).copy()
+    pos = np.arange(max_positions, dtype=np.float64)[:, None]
+    ang = pos * inv[None, :]
+    cos = mx.array((np.cos(ang) * scale).astype(np.float32))
+    sin = mx.array((np.sin(ang) * scale).astype(np.float32))
+    return RopeTable(cos, sin, int(max_positions), 2 * half, inv, float(scale))
+
+
+def rope_table(inv_freq, max_positions: int, attention_scale: float = 1.0) -> RopeTable:
+    """The shared cos/sin table. Cached on (inv_freq bytes, max_positions, attention_scale), so
+    every layer of a model (and every model with the same RoPE) shares one table."""
+    inv = np.ascontiguousarray(np.asarray(inv_freq, dtype=np.float64).reshape(-1))
+    return _rope_table_cached(inv.tobytes(), inv.shape[0], int(max_positions), float(attention_scale))
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE
+
+
+def _rotate(xf: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    """rotate_half layout: y = x*cos + rotate_half(x)*sin, cos/sin of shape (..., D/2)."""
+    half = xf.shape[-1] // 2
+    x1 = xf[..., :half]
+    x2 = xf[..., half:]
+    return mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope(x: mx.array, table: RopeTable, offset: int) -> mx.array:
+    """x: (B, H, L, D), positions offset .. offset+L-1, computed in float32, cast to x.dtype."""
+    L, D = x.shape[-2], x.shape[-1]
+    if D != table.dims:
+        raise ValueError(f"rope: head dim {D} != table dims {table.dims}")
+    if offset + L > table.max_positions:
+        raise ValueError(f"rope: positions up to {offset + L} exceed the table ({table.max_positions})")
+    cos = table.cos[offset : offset + L]
+    sin = table.sin[offset : offset + L]
+    return _rotate(x.astype(mx.float32), cos, sin).astype(x.dtype)
+
+
+def mrope_axis_map(mrope_section, interleaved: bool) -> np.ndarray:
+    """For each frequency index j in [0, D/2): which position axis (0=t, 1=h, 2=w) drives it.
+
+    interleaved=False (Qwen2-VL / Qwen2.5-VL): contiguous chunks, the first s0 frequencies take t,
+    the next s1 take h, the last s2 take w.
+    interleaved=True (Qwen3-VL / Qwen3-Omni / Qwen3-TTS): start from t everywhere, then frequency j
+    takes h where j % 3 == 1 and j < 3*s1, and w where j % 3 == 2 and j < 3*s2.
+    """
+    sec = [int(s) for s in mrope_section]
+    half = sum(sec)
+    axis = np.zeros(half, dtype=np.int32)
+    if not interleaved:
+        axis[sec[0] : sec[0] + sec[1]] = 1
+        axis[sec[0] + sec[1] :] = 2
+    else:
+        for a, off in ((1, 1), (2, 2)):
+            axis[off : 3 * sec[a] : 3] = a
+    return axis
+
+
+def mrope(x, table: RopeTable, position_ids, mrope_section, interleaved: bool) -> mx.array:
+    """x: (B, H, L, D); position_ids: (3, B, L) int. Each frequency j uses the position of the axis
+    mrope_axis_map gives it."""
+    B, H, L, D = x.shape
+    half = D // 2
+    if sum(int(s) for s in mrope_section) != half:
+        raise ValueError(f"mrope: mrope_section {list(mrope_section)} must sum to D/2 = {half}")
+    axis = mx.array(mrope_axis_map(mrope_section, interleaved))  # (half,)
+    pid = position_ids.astype(mx.int32)  # (3, B, L)
+    # positions per (b, l, j): pick axis[j] out of the 3 position rows
+    pos = mx.take_along_axis(
+        mx.transpose(pid, (1, 2, 0)), mx.broadcast_to(axis[None, None, :], (B, L, half)), axis=-1
+    )  # (B, L, half)
+    j = mx.broadcast_to(mx.arange(half)[None, None, :], (B, L, half))
+    flat = pos * half + j
+    cos = mx.take(table.cos.reshape(-1), flat)[:, None]  # (B, 1, L, half)
+    sin = mx.take(table.sin.reshape(-1), flat)[:, None]
+    return _rotate(x.astype(mx.float32), cos, sin).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode attention
+
+
+def decode_attention(q, k, v, length: int, scale: float) -> mx.array:
+    """q: (B, Hq, 1, D); k, v: (B, Hkv, S_cap, D), first `length` positions valid.
+    Query head h reads KV head h // (Hq // Hkv) (the repeat_kv convention), without repeating K/V."""
+    B, Hq, one, D = q.shape
+    Hkv = k.shape[1]
+    if one != 1:
+        raise ValueError("decode_attention takes one query token per sequence")
+    if Hq % Hkv:
+        raise ValueError(f"decode_attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+    G = Hq // Hkv
+    qg = q.reshape(B, Hkv, G, D).astype(mx.float32)
+    kk = k[:, :, :length].astype(mx.float32)
+    vv = v[:, :, :length].astype(mx.float32)
+    s = (qg @ mx.swapaxes(kk, -1, -2)) * scale  # (B, Hkv, G, L)
+    s = s - mx.max(s, axis=-1, keepdims=True)
+    p = mx.exp(s)
+    p = p / mx.sum(p, axis=-1, keepdims=True)
+    o = p @ vv  # (B, Hkv, G, D)
+    return o.reshape(B, Hq, 1, D).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear
+
+
+def linear(x, weight, bias=None) -> mx.array:
+    """y = x @ weight.T (+ bias); accumulation in float32, output in x.dtype."""
+    y = x.astype(mx.float32) @ weight.astype(mx.float32).T
+    if bias is not None:
+        y = y + bias.astype(mx.float32)
+    return y.astype(x.dtype)
+
+
+def quantized_linear(x, w, scales, biases, group_size: int, bits: int, bias=None) -> mx.array:
+    """MLX-quantized weight (mx.quantize layout, the transpose=True product): y = x @ W.T."""
+    W = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
+    return linear(x, W, bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling: the counter-based generator shared bit for bit with the kernels
+
+U32 = mx.uint32
+_GOLDEN = 0x9E3779B9
+_ROW = 0x85EBCA6B
+_MASK = 0xFFFFFFFF
+
+
+def _u(c: int) -> mx.array:
+    return mx.array(c & _MASK, dtype=U32)
+
+
+def _mix32(x: mx.array) -> mx.array:
+    """A 32-bit integer finalizer (xorshift-multiply, 'lowbias32' constants); a bijection."""
+    x = x ^ (x >> _u(16))
+    x = x * _u(0x7FEB352D)
+    x = x ^ (x >> _u(15))
+    x = x * _u(0x846CA68B)
+    x = x ^ (x >> _u(16))
+    return x
+
+
+def _row_keys(state: mx.array, B: int) -> mx.array:
+    """key[b] = mix(mix(mix(seed + GOLDEN) ^ counter) ^ (b * ROW + GOLDEN))."""
+    seed = state[0]
+    counter = state[1]
+    base = _mix32(_mix32(seed + _u(_GOLDEN)) ^ counter)
+    b = mx.arange(B).astype(U32)
+    return _mix32(base ^ (b * _u(_ROW) + _u(_GOLDEN)))
+
+
+def hash_uniform(state: mx.array, B: int, V: int) -> mx.array:
+    """u[b, v] in (0, 1), float32: bits = mix(key[b] ^ mix(v)), u = ((bits >> 9) + 0.5) / 2^23
+    (exact in float32, never 0 or 1)."""
+    keys = _row_keys(state, B)[:, None]
+    v = mx.arange(V).astype(U32)[None, :]
+    bits = _mix32(keys ^ _mix32(v))
+    return ((bits >> _u(9)).astype(mx.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+def make_sample_state(seed: int) -> mx.array:
+    """The sampler's device state: uint32 [seed, counter=0]."""
+    return mx.array([int(seed) & _MASK, 0], dtype=U32)
+
+
+def advance_state(state: mx.array) -> mx.array:
+    """[seed, counter + 1], computed on the device."""
+    return state + mx.array([0, 1], dtype=U32)
+
+
+def filtered_logits(logits: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
+    """The temperature-scaled float32 logits with -inf where top_k, top_p, min_p removed a token.
+
+    top_k keeps every token whose value is >= the k-th largest (ties at the edge are kept, as HF).
+    top_p keeps the tokens with the smallest probability p* such that the mass of tokens strictly
+    more probable than p* is < top_p, and every token with p >= p* (so exact ties are kept
+    together; otherwise identical to HF's sort-and-cumsum rule). min_p keeps p >= min_p * p_max.
+    """
+    s = logits.astype(mx.float32) / float(temperature)
+    V = s.shape[-1]
+    neg = mx.array(-math.inf, dtype=mx.float32)
+    if top_k and 0 < top_k < V:
+        kth = mx.sort(s, axis=-1)[:, V - top_k : V - top_k + 1]
+        s = mx.where(s >= kth, s, neg)
+    if top_p < 1.0:
+        p = mx.softmax(s, axis=-1)
+        ps = -mx.sort(-p, axis=-1)  # descending
+        excl = mx.cumsum(ps, axis=-1) - ps  # mass strictly before each sorted position
+        kept = (excl < top_p) | (mx.arange(V) == 0)[None, :]  # always keep the most probable
+        # smallest kept probability in sorted order
+        pstar = mx.min(mx.where(kept, ps, mx.array(math.inf, dtype=mx.float32)), axis=-1, keepdims=True)
+        s = mx.where(p >= pstar, s, neg)
+    if min_p > 0.0:
+        smax = mx.max(s, axis=-1, keepdims=True)
+        s = mx.where(s >= smax + math.log(min_p), s, neg)
+    return s
+
+
+def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, state):
+    """Returns (tokens (B,) int32, logprobs (B,) float32, next_state).
+
+    Gumbel-max: token = argmax over surviving tokens of s_v - log(-log(u[b, v])), u from
+    hash_uniform(state). temperature == 0 is greedy argmax of the raw logits; the state advances
+    on every call, greedy included, so a sequence of calls is reproducible whatever its mix.
+    logprobs: log_softmax(logits)[token] of the raw, unfiltered, untempered logits.
+    """
+    if logits.ndim == 1:
+        logits = logits[None]
+    B, V = logits.shape
+    lf = logits.astype(mx.float32)
+    if temperature <= 0.0:
+        tok = mx.argmax(lf, axis=-1)
+    else:
+        s = filtered_logits(logits, temperature, top_k, top_p, min_p)
+        u = hash_uniform(state, B, V)
+        g = -mx.log(-mx.log(u))
+        tok = mx.argmax(s + g, axis=-1)
+    tok = tok.astype(mx.int32)
+    lse = mx.logsumexp(lf, axis=-1)
+    lp = mx.take_along_axis(lf, tok[:, None], axis=-1)[:, 0] - lse
+    return tok, lp.astype(mx.float32), advance_state(state)

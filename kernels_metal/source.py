@@ -1,0 +1,214 @@
+"""Assembles each kernel's Metal and CUDA text from one body and a per-backend prelude.
+
+A body (kernels_metal/bodies/<name>.body) is the inside of the generated kernel function, written
+only in the shared vocabulary (mg_* functions, MG_* macros, mg_tid / mg_lane / ... indices). For a
+backend, the assembler gives:
+
+  header = preludes/<backend>.h + preludes/common.h + "#define" lines of the variant
+  source = preludes/<backend>_entry.h (the index variables) + the body
+
+which is exactly what mx.fast.metal_kernel / mx.fast.cuda_kernel take as `header=` and `source=`.
+The index variables must sit in `source`: MLX adds a Metal attribute (thread_position_in_grid...)
+to the generated signature only when its name appears in the source text.
+
+`metal_program` / `cuda_program` rebuild the whole translation unit that MLX generates around a
+body (signature, template parameters, explicit instantiation), for the CI syntax checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+BACKENDS = ("metal", "cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def _read(rel: str) -> str:
+    with open(os.path.join(_HERE, rel), encoding="utf-8") as f:
+        text = f.read()
+    # the pieces are pasted into one text; a stray "#pragma once" there only warns
+    return "\n".join(line for line in text.splitlines() if line.strip() != "#pragma once") + "\n"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel variant: its body, the names MLX puts in the signature, its #defines, and the
+    names of its template parameters in the order the Python side passes them."""
+
+    name: str
+    body: str
+    inputs: tuple
+    outputs: tuple
+    templates: tuple
+    defines: tuple = ()
+    # an example instantiation for the source checks: (input dtypes, input ndims, output dtypes,
+    # template values) with dtypes as mx.Dtype, ints, bools
+    example: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def _spec(name, body, inputs, outputs, templates, defines=(), **example):
+    return KernelSpec(name, body, tuple(inputs), tuple(outputs), tuple(templates), tuple(defines), example)
+
+
+bf16, f32, i32, u32 = mx.bfloat16, mx.float32, mx.int32, mx.uint32
+
+SPECS = {
+    s.name: s
+    for s in [
+        _spec("rms_norm", "rms_norm", ["x", "w", "eps"], ["y"], ["T", "W", "D"], [("MG_ADD", 0)],
+              dtypes=[bf16, bf16, f32], out=[bf16], tmpl=[bf16, bf16, 896]),
+        _spec("add_rms_norm", "rms_norm", ["x", "res", "w", "eps"], ["y", "h"], ["T", "W", "D"], [("MG_ADD", 1)],
+              dtypes=[bf16, bf16, bf16, f32], out=[bf16, bf16], tmpl=[bf16, bf16, 1024]),
+        _spec("rope", "rope", ["x", "cos_t", "sin_t", "params"], ["y"], ["T", "HALF"], [("MG_MROPE", 0)],
+              dtypes=[bf16, f32, f32, i32], out=[bf16], tmpl=[bf16, 64]),
+        _spec("mrope", "rope", ["x", "cos_t", "sin_t", "params", "pos"], ["y"],
+              ["T", "HALF", "S0", "S1", "S2", "INTERLEAVED"], [("MG_MROPE", 1)],
+              dtypes=[bf16, f32, f32, i32, i32], out=[bf16], tmpl=[bf16, 64, 24, 20, 20, True]),
+        _spec("decode_attention", "decode_attention", ["q", "k", "v", "params", "scale"], ["out"],
+              ["T", "D", "G", "NW"], [("MG_SPLIT", 0)],
+              dtypes=[bf16, bf16, bf16, i32, f32], out=[bf16], tmpl=[bf16, 128, 4, 4]),
+        _spec("decode_attention_split", "decode_attention", ["q", "k", "v", "params", "scale"], ["po", "pml"],
+              ["T", "D", "G", "NW"], [("MG_SPLIT", 1)],
+              dtypes=[bf16, bf16, bf16, i32, f32], out=[f32, f32], tmpl=[bf16, 64, 7, 4]),
+        _spec("attention_combine", "attention_combine", ["po", "pml", "params"], ["out"], ["T", "D", "G"],
+              dtypes=[f32, f32, i32], out=[bf16], tmpl=[bf16, 128, 2]),
+        _spec("gemv", "gemv", ["x", "w", "params"], ["y"], ["T", "M", "NW"], [("MG_QBITS", 0), ("MG_BIAS", 0)],
+              dtypes=[bf16, bf16, i32], out=[bf16], tmpl=[bf16, 1, 4]),
+        _spec("gemv_bias", "gemv", ["x", "w", "bias", "params"], ["y"], ["T", "M", "NW"],
+              [("MG_QBITS", 0), ("MG_BIAS", 1)],
+              dtypes=[mx.float16, mx.float16, mx.float16, i32], out=[mx.float16], tmpl=[mx.float16, 3, 4]),
+        _spec("gemv_q4", "gemv", ["x", "w", "scales", "biases", "params"], ["y"], ["T", "M", "NW", "S", "GS"],
+              [("MG_QBITS", 4), ("MG_BIAS", 0)],
+              dtypes=[bf16, u32, bf16, bf16, i32], out=[bf16], tmpl=[bf16, 1, 4, bf16, 64]),
+        _spec("gemv_q4_bias", "gemv", ["x", "w", "scales", "biases", "bias", "params"], ["y"],
+              ["T", "M", "NW", "S", "GS"], [("MG_QBITS", 4), ("MG_BIAS", 1)],
+              dtypes=[bf16, u32, bf16, bf16, bf16, i32], out=[bf16], tmpl=[bf16, 2, 4, bf16, 32]),
+        _spec("gemv_q8", "gemv", ["x", "w", "scales", "biases", "params"], ["y"], ["T", "M", "NW", "S", "GS"],
+              [("MG_QBITS", 8), ("MG_BIAS", 0)],
+              dtypes=[bf16, u32, bf16, bf16, i32], out=[bf16], tmpl=[bf16, 4, 4, bf16, 64]),
+        _spec("gemv_q8_bias", "gemv", ["x", "w", "scales", "biases", "bias", "params"], ["y"],
+              ["T", "M", "NW", "S", "GS"], [("MG_QBITS", 8), ("MG_BIAS", 1)],
+              dtypes=[mx.float16, u32, mx.float16, mx.float16, mx.float16, i32], out=[mx.float16],
+              tmpl=[mx.float16, 1, 4, mx.float16, 128]),
+        _spec("sample", "sample", ["logits", "fparams", "iparams", "state"], ["tok", "lp", "next_state"], ["T"],
+              dtypes=[bf16, f32, i32, u32], out=[i32, f32, u32], tmpl=[bf16]),
+    ]
+}
+
+# the algorithms, for the "every kernel has both variants" check
+KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
+           "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
+           "sample")
+
+
+def header(spec: KernelSpec, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(backend)
+    defines = "".join(f"#define {k} {int(v)}\n" for k, v in spec.defines)
+    return (f"// metalgen kernel {spec.name} ({backend})\n" + _read(f"preludes/{backend}.h")
+            + _read("preludes/common.h") + defines)
+
+
+def body(spec: KernelSpec, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(backend)
+    return _read(f"preludes/{backend}_entry.h") + _read(f"bodies/{spec.body}.body")
+
+
+def variant_name(spec: KernelSpec, dtype) -> str:
+    """e.g. rms_norm_bf16, gemv_q4_f16."""
+    return f"{spec.name}_{_short(dtype)}"
+
+
+def _short(dtype) -> str:
+    return {mx.bfloat16: "bf16", mx.float16: "f16", mx.float32: "f32"}.get(dtype, str(dtype).split(".")[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The translation units MLX generates (rebuilt here for the CI checks only)
+
+_METAL_TYPE = {mx.bfloat16: "bfloat16_t", mx.float16: "float16_t", mx.float32: "float", mx.int32: "int32_t",
+               mx.uint32: "uint32_t", mx.int64: "int64_t", mx.uint8: "uint8_t", mx.bool_: "bool"}
+_CUDA_TYPE = {mx.bfloat16: "__nv_bfloat16", mx.float16: "__half", mx.float32: "float", mx.int32: "int32_t",
+              mx.uint32: "uint32_t", mx.int64: "int64_t", mx.uint8: "uint8_t", mx.bool_: "bool"}
+
+METAL_ATTRIBUTES = [
+    ("dispatch_quadgroups_per_threadgroup", "uint"), ("dispatch_simdgroups_per_threadgroup", "uint"),
+    ("dispatch_threads_per_threadgroup", "uint3"), ("grid_origin", "uint3"), ("grid_size", "uint3"),
+    ("quadgroup_index_in_threadgroup", "uint"), ("quadgroups_per_threadgroup", "uint"),
+    ("simdgroup_index_in_threadgroup", "uint"), ("simdgroups_per_threadgroup", "uint"),
+    ("thread_execution_width", "uint"), ("thread_index_in_quadgroup", "uint"),
+    ("thread_index_in_simdgroup", "uint"), ("thread_index_in_threadgroup", "uint"),
+    ("thread_position_in_grid", "uint3"), ("thread_position_in_threadgroup", "uint3"),
+    ("threadgroup_position_in_grid", "uint3"), ("threadgroups_per_grid", "uint3"),
+    ("threads_per_grid", "uint3"), ("threads_per_simdgroup", "uint"), ("threads_per_threadgroup", "uint3"),
+]
+
+
+def _tvalue(v, table):
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    return table[v]
+
+
+def metal_program(spec: KernelSpec, input_sizes=None) -> str:
+    """The Metal text mx.fast.metal_kernel compiles for spec.example (after MLX's own utilities,
+    which the caller supplies: the real ones on a Mac, tests/metal_stub.h in CI)."""
+    ex = spec.example
+    src = body(spec, "metal")
+    kname = "custom_kernel_" + variant_name(spec, ex["tmpl"][0])
+    out = [header(spec, "metal")]
+    tparams = []
+    for n, v in zip(spec.templates, ex["tmpl"]):
+        tparams.append(("bool " if isinstance(v, bool) else "int " if isinstance(v, int) else "typename ") + n)
+    if tparams:
+        out.append("template <" + ", ".join(tparams) + ">\n")
+    out.append(f"[[kernel]] void {kname}(\n")
+    args = []
+    idx = 0
+    for i, (n, dt) in enumerate(zip(spec.inputs, ex["dtypes"])):
+        size = (input_sizes or {}).get(n, 1 << 20)
+        loc = "constant" if size < 8 else "device"
+        args.append(f"  const {loc} {_METAL_TYPE[dt]}* {n} [[buffer({idx})]]")
+        idx += 1
+    for n, dt in zip(spec.outputs, ex["out"]):
+        args.append(f"  device {_METAL_TYPE[dt]}* {n} [[buffer({idx})]]")
+        idx += 1
+    for attr, ty in METAL_ATTRIBUTES:
+        if attr in src:
+            args.append(f"  {ty} {attr} [[{attr}]]")
+    out.append(",\n".join(args) + ") {\n")
+    out.append(src)
+    out.append("\n}\n")
+    if tparams:
+        tdef = kname + "<" + ", ".join(_tvalue(v, _METAL_TYPE) for v in ex["tmpl"]) + ">"
+        out.append(f'\ntemplate [[host_name("{kname}")]] [[kernel]] decltype({tdef}) {tdef};\n')
+    return "".join(out)
+
+
+def cuda_program(spec: KernelSpec) -> str:
+    """The CUDA text mx.fast.cuda_kernel compiles for spec.example (MLX's default header, which
+    includes its device utilities and cooperative_groups.h, is the caller's to supply)."""
+    ex = spec.example
+    kname = "custom_kernel_" + variant_name(spec, ex["tmpl"][0])
+    out = [header(spec, "cuda"), "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"]
+    out.append(f"__global__ void {kname}(\n")
+    args = [f"    const {_CUDA_TYPE[dt]}* {n}" for n, dt in zip(spec.inputs, ex["dtypes"])]
+    args += [f"    {_CUDA_TYPE[dt]}* {n}" for n, dt in zip(spec.outputs, ex["out"])]
+    out.append(",\n".join(args) + ") {\n")
+    for n, v in zip(spec.templates, ex["tmpl"]):
+        if isinstance(v, bool):
+            out.append(f"  constexpr bool {n} = {'true' if v else 'false'};\n")
+        elif isinstance(v, int):
+            out.append(f"  constexpr int {n} = {v};\n")
+        else:
+            out.append(f"  using {n} = {_CUDA_TYPE[v]};\n")
+    out.append("\n" + body(spec, "cuda") + "\n}\n\n} // namespace mlx::core::cu\n")
+    return "".join(out)

@@ -1,0 +1,147 @@
+"""The public kernels_metal API on the CPU equals the reference; variant choice per backend."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import kernels_metal as K
+from kernels_metal import gpu
+from kernels_metal import reference as ref
+
+RNG = np.random.default_rng()
+
+
+def f(a):
+    return np.array(a.astype(mx.float32), dtype=np.float64)
+
+
+def rel(a, b):
+    a, b = f(a), f(b)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def rnd(shape, dtype=mx.bfloat16, s=1.0):
+    return mx.array(RNG.standard_normal(shape) * s).astype(dtype)
+
+
+def test_backend_here_is_cpu():
+    assert K.backend() == "cpu"
+    assert K._impl().__name__ == "kernels_metal.cpu"
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_norms(dtype):
+    x, r, w = rnd((3, 5, 96), dtype), rnd((3, 5, 96), dtype), rnd((96,), dtype)
+    tol = 1e-5 if dtype == mx.float32 else 1e-2
+    assert rel(K.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6)) < tol
+    y, h = K.add_rms_norm(x, r, w, 1e-6)
+    yr, hr = ref.add_rms_norm(x, r, w, 1e-6)
+    assert rel(h, hr) < tol and rel(y, yr) < tol and y.dtype == dtype and h.dtype == dtype
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.3])
+def test_rope_and_mrope(scale):
+    D = 64
+    t = K.rope_table(1.0 / 1e6 ** (np.arange(0, D, 2) / D), 4096, scale)
+    x = rnd((2, 3, 5, D), mx.float32)
+    assert rel(K.rope(x, t, 1000), ref.rope(x, t, 1000)) < 1e-3
+    xb = x.astype(mx.bfloat16)
+    assert rel(K.rope(xb, t, 7), ref.rope(xb, t, 7)) < 1e-2
+    pid = mx.array(RNG.integers(0, 4096, (3, 2, 5)))
+    for inter in (False, True):
+        assert rel(K.mrope(x, t, pid, [16, 8, 8], inter), ref.mrope(x, t, pid, (16, 8, 8), inter)) < 1e-6
+
+
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+def test_decode_attention(G):
+    q = rnd((2, 2 * G, 1, 64), mx.float32)
+    k, v = rnd((2, 2, 50, 64), mx.float32), rnd((2, 2, 50, 64), mx.float32)
+    assert rel(K.decode_attention(q, k, v, 37, 0.125), ref.decode_attention(q, k, v, 37, 0.125)) < 1e-4
+
+
+def test_linear_and_quantized():
+    for rows in (1, 3, 9):
+        x, w, b = rnd((rows, 128)), rnd((40, 128), s=0.1), rnd((40,))
+        assert rel(K.linear(x, w), ref.linear(x, w)) < 1e-2
+        assert rel(K.linear(x, w, b), ref.linear(x, w, b)) < 1e-2
+        for bits in (4, 8):
+            wq, s, bq = mx.quantize(w, group_size=64, bits=bits)
+            assert rel(K.quantized_linear(x, wq, s, bq, 64, bits), ref.quantized_linear(x, wq, s, bq, 64, bits)) < 3e-2
+
+
+def test_sample_is_the_reference():
+    logits = rnd((3, 500), mx.bfloat16, 3.0)
+    st = K.make_sample_state(42)
+    for args in [(0.0, 0, 1.0, 0.0), (0.8, 40, 0.9, 0.05)]:
+        t1, l1, n1 = K.sample(logits, *args, st)
+        t2, l2, n2 = ref.sample(logits, *args, st)
+        assert t1.tolist() == t2.tolist() and n1.tolist() == [42, 1] == n2.tolist()
+        assert np.allclose(np.array(l1), np.array(l2))
+    # the state advances on the device, and different counters draw differently
+    draws = set()
+    s = st
+    for _ in range(8):
+        t, _, s = K.sample(logits, 1.0, 0, 1.0, 0.0, s)
+        draws.add(tuple(t.tolist()))
+    assert s.tolist() == [42, 8] and len(draws) > 1
+
+
+def test_gpu_variant_falls_back_loudly_only_when_verbose(capsys, monkeypatch):
+    monkeypatch.setattr(gpu, "_STATUS", {})
+    monkeypatch.setattr(gpu, "_KERNELS", {})
+    x, w = rnd((2, 64)), rnd((64,))
+    K.set_verbose(False)
+    y = gpu.rms_norm(x, w, 1e-6)  # no GPU kernels on the CPU backend: the reference answers
+    assert rel(y, ref.rms_norm(x, w, 1e-6)) == 0
+    assert capsys.readouterr().err == ""
+    K.set_verbose(True)
+    try:
+        gpu._STATUS.clear()
+        gpu.rms_norm(x, w, 1e-6)
+        assert "rms_norm" in capsys.readouterr().err
+    finally:
+        K.set_verbose(False)
+    assert gpu.status()[("rms_norm", (x.dtype, w.dtype, 64))] is False
+
+
+def test_variant_choice_per_backend(monkeypatch):
+    import kernels_metal
+
+    for be, mod in [("cuda", "kernels_metal.gpu"), ("metal", "kernels_metal.gpu"), ("cpu", "kernels_metal.cpu")]:
+        monkeypatch.setattr(kernels_metal, "backend", lambda be=be: be)
+        assert kernels_metal._impl().__name__ == mod
+
+
+def test_gemv_dispatch_rule():
+    assert not gpu.use_gemv(False, 1, 1024, 3072)  # dense: mx.matmul (measured)
+    assert gpu.use_gemv(True, 4, 2560, 9728) and gpu.use_gemv(True, 3, 9728, 2560)
+    assert not gpu.use_gemv(True, 4, 1024, 3072)
+    assert gpu.use_gemv(True, 1, 1024, 151936) and not gpu.use_gemv(True, 1, 2560, 9728)
+    assert not gpu.use_gemv(True, 2, 1024, 151936)
+    assert not gpu.use_gemv(True, gpu.GEMV_MAX_ROWS + 1, 4096, 151936)
+
+
+def test_attention_split_rule():
+    assert gpu.attention_splits(16, 100) == 1
+    assert gpu.attention_splits(2, 32768) == math.ceil(gpu.ATTN_TARGET_GROUPS / 2)
+    assert gpu.attention_splits(1, 1000) == math.ceil(1000 / gpu.ATTN_MIN_CHUNK)
+
+
+def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
+    monkeypatch.setattr(gpu, "_STATUS", {})
+    x = rnd((1, 4, 3, 64))
+    t = K.rope_table(1.0 / 1e4 ** (np.arange(0, 64, 2) / 64), 64)
+    assert rel(gpu.rope(x, t, 5), ref.rope(x, t, 5)) == 0
+    pid = mx.array(RNG.integers(0, 64, (3, 1, 3)))
+    assert rel(gpu.mrope(x, t, pid, (16, 8, 8), True), ref.mrope(x, t, pid, (16, 8, 8), True)) == 0
+    q, k, v = rnd((1, 4, 1, 64)), rnd((1, 2, 600, 64)), rnd((1, 2, 600, 64))
+    for ns in (None, 1, 3):
+        assert gpu.decode_attention(q, k, v, 599, 0.1, nsplit=ns).shape == q.shape
+    xs, w = rnd((2, 256)), rnd((48, 256), s=0.1)
+    assert gpu.gemv(xs, w).shape == (2, 48)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    assert gpu.gemv_quantized(xs, wq, s, b, 64, 4).shape == (2, 48)
+    tok, lp, ns = gpu.sample(rnd((2, 100)), 0.7, 5, 0.9, 0.0, K.make_sample_state(1))
+    assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1]

@@ -1,0 +1,99 @@
+"""Every kernel is generated for both GPU backends from one body; each backend's text uses only
+its own vocabulary; every Metal variant compiles as C++ against tests/metal_stub.h in the exact
+signature mx.fast.metal_kernel generates."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kernels_metal import source as S
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMALL = {"eps": 1, "params": 4, "scale": 1, "fparams": 4, "iparams": 2, "state": 2}
+
+CUDA_ONLY = [r"__global__", r"__shfl", r"__syncthreads", r"\bthreadIdx\b", r"\bblockIdx\b", r"\bblockDim\b",
+             r"__nv_bfloat16", r"__half", r"__device__", r"__shared__", r"atomicAdd", r"cuda", r"CUDA",
+             r"__forceinline__", r"cooperative_groups"]
+METAL_ONLY = [r"threadgroup", r"\bsimd_", r"thread_position_in_grid", r"thread_index_in_simdgroup",
+              r"metal::", r"device const", r"const device", r"\bas_type\b", r"\bbfloat16_t\b", r"atomic_uint",
+              r"\[\[kernel\]\]", r"\bMetal\b", r"\bmetal\b"]
+
+
+def test_every_kernel_has_both_variants():
+    assert set(S.KERNELS) == set(S.SPECS)
+    for name in S.KERNELS:
+        spec = S.SPECS[name]
+        for be in S.BACKENDS:
+            h, b = S.header(spec, be), S.body(spec, be)
+            assert "mg_" in b and len(h) > 500
+        assert S.metal_program(spec) and S.cuda_program(spec)
+        # one body for both: the two sources differ only by their entry prologue
+        mb, cb = S.body(spec, "metal"), S.body(spec, "cuda")
+        assert mb.endswith(S._read(f"bodies/{spec.body}.body")) and cb.endswith(S._read(f"bodies/{spec.body}.body"))
+
+
+@pytest.mark.parametrize("name", S.KERNELS)
+def test_no_cross_backend_identifiers(name):
+    spec = S.SPECS[name]
+    metal = S.header(spec, "metal") + S.body(spec, "metal")
+    cuda = S.header(spec, "cuda") + S.body(spec, "cuda")
+    for pat in CUDA_ONLY:
+        assert not re.search(pat, metal), f"{pat} in the Metal text of {name}"
+    for pat in METAL_ONLY:
+        assert not re.search(pat, cuda), f"{pat} in the CUDA text of {name}"
+
+
+def test_bodies_use_only_the_shared_vocabulary():
+    folder = os.path.join(os.path.dirname(S.__file__), "bodies")
+    for f in os.listdir(folder):
+        text = open(os.path.join(folder, f)).read() + S._read("preludes/common.h")
+        for pat in CUDA_ONLY + METAL_ONLY:
+            assert not re.search(pat, text), f"{pat} in {f} / common.h"
+
+
+def test_metal_signature_matches_mlx():
+    spec = S.SPECS["add_rms_norm"]
+    prog = S.metal_program(spec, SMALL)
+    assert "template <typename T, typename W, int D>\n[[kernel]] void custom_kernel_add_rms_norm_bf16(" in prog
+    assert "  const device bfloat16_t* x [[buffer(0)]],\n" in prog
+    assert "  const constant float* eps [[buffer(3)]],\n" in prog
+    assert "  device bfloat16_t* h [[buffer(5)]],\n" in prog
+    assert "uint3 thread_position_in_threadgroup [[thread_position_in_threadgroup]]" in prog
+    assert "uint thread_index_in_simdgroup [[thread_index_in_simdgroup]]" in prog
+    assert prog.rstrip().endswith("custom_kernel_add_rms_norm_bf16<bfloat16_t, bfloat16_t, 1024>;")
+    cu = S.cuda_program(spec)
+    assert "__global__ void custom_kernel_add_rms_norm_bf16(\n    const __nv_bfloat16* x," in cu
+    assert "  using T = __nv_bfloat16;\n" in cu and "  constexpr int D = 1024;\n" in cu
+
+
+GXX = shutil.which("g++") or shutil.which("clang++")
+
+
+def _compile(text, tmp_path, name):
+    src = tmp_path / f"{name}.cpp"
+    src.write_text('#include "metal_stub.h"\n' + text)
+    return subprocess.run([GXX, "-std=c++17", "-fsyntax-only", "-Wno-attributes", "-Werror=return-type", "-I", HERE,
+                           str(src)], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(GXX is None, reason="no C++ compiler")
+def test_metal_variants_compile(tmp_path):
+    errors = []
+    for name in S.KERNELS:
+        r = _compile(S.metal_program(S.SPECS[name], SMALL), tmp_path, name)
+        if r.returncode:
+            errors.append(f"{name}:\n{r.stderr[:3000]}")
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.skipif(GXX is None, reason="no C++ compiler")
+def test_stub_compile_catches_typos(tmp_path):
+    prog = S.metal_program(S.SPECS["rms_norm"], SMALL)
+    bad = prog.replace("mg_block_sum(ss, red", "mg_block_summ(ss, red", 1)
+    assert bad != prog
+    assert _compile(bad, tmp_path, "typo").returncode != 0
+    leak = prog.replace("MG_BARRIER();", "__syncthreads();", 1)
+    assert _compile(leak, tmp_path, "leak").returncode != 0
