@@ -54,7 +54,7 @@ def prefill(model, prompt: mx.array, cache, step_size: int, tracer=_NULL_TRACER)
     filling `cache`; returns the tokens still to be fed (by the first decode step)."""
     while prompt.size > step_size:
         with tracer.span("prefill", tokens=step_size, sync=True):
-            model(prompt[None, :step_size], cache=cache)
+            model.hidden(prompt[None, :step_size], cache=cache)
             mx.eval([c.state for c in cache])
         prompt = prompt[step_size:]
     return prompt
@@ -76,7 +76,8 @@ def decode_step(
     `phase` names the trace event: the step that feeds the prompt's last chunk is prefill.
     """
     with tracer.span(phase, tokens=int(inputs.size), sync=False):
-        logits = model(inputs[None], cache=cache)[:, -1, :]
+        # (1, L, hidden) -> last position only -> logits (1, vocab)
+        logits = model.logits(model.hidden(inputs[None], cache=cache)[:, -1, :])
         for processor in processors:
             logits = processor(history, logits)
     with tracer.span("sample", sync=False):

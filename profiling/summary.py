@@ -7,13 +7,18 @@ p90 = 9 ms; for a single event both equal it.
 
 Derived figures (None where they cannot be derived):
 
-* generated tokens: the ``decode_step`` events, each counting its ``tokens``
+* generated tokens: the ``readback`` events, one token each, where the trace
+  has them; otherwise the ``decode_step`` events, each counting its ``tokens``
   field, or 1 where it has none;
-* decode tokens/s: generated tokens / total ``decode_step`` duration;
+* decode tokens/s: with readbacks, the tokens after the first over the wall time
+  from the first readback's end to the last one's (the engine enqueues work
+  asynchronously, so only readbacks see device time); otherwise generated
+  tokens / total ``decode_step`` duration;
 * time to first token: the earliest end (``ts + dur``) of a ``prefill`` or
   ``decode_step`` event, measured from the start of the first event that is
   neither ``meta`` nor ``load`` (so model loading is not counted);
-* syncs per token: events with ``sync`` true / generated tokens;
+* syncs per token: events with ``sync`` true, model loading excepted, /
+  generated tokens;
 * ops per token: the sum of ``ops`` over all events / generated tokens;
 * peak memory: the largest ``peak_mem`` (else ``active_mem``) seen.
 """
@@ -124,9 +129,15 @@ def summarize_events(events: list, path: Optional[str] = None) -> dict:
 
     work = [ev for ph, evs in by_phase.items() for ev in evs]
     decode = by_phase.get("decode_step", [])
-    generated = sum(ev.get("tokens", 1) for ev in decode)
-    decode_time = sum(ev["dur"] for ev in decode)
-    syncs = sum(1 for ev in work if ev.get("sync"))
+    readbacks = sorted(by_phase.get("readback", []), key=lambda ev: ev["ts"])
+    if readbacks:
+        generated = len(readbacks)
+        span = readbacks[-1]["ts"] + readbacks[-1]["dur"] - readbacks[0]["ts"] - readbacks[0]["dur"]
+        decode_rate = _ratio(generated - 1, span) if generated > 1 else None
+    else:
+        generated = sum(ev.get("tokens", 1) for ev in decode)
+        decode_rate = _ratio(generated, sum(ev["dur"] for ev in decode)) if generated else None
+    syncs = sum(1 for ev in work if ev.get("sync") and ev["phase"] != "load")
     has_ops = any("ops" in ev for ev in work)
     ops = sum(ev.get("ops", 0) for ev in work) if has_ops else None
     peaks = [ev["peak_mem"] for ev in events if "peak_mem" in ev]
@@ -139,7 +150,7 @@ def summarize_events(events: list, path: Optional[str] = None) -> dict:
         "events": len(work),
         "phases": phases,
         "generated_tokens": generated,
-        "decode_tokens_per_s": _ratio(generated, decode_time) if generated else None,
+        "decode_tokens_per_s": decode_rate,
         "ttft_ms": _ms(_time_to_first_token(work)),
         "syncs": syncs,
         "syncs_per_token": _ratio(syncs, generated),

@@ -28,7 +28,7 @@ def hand_made():
     1..10 ms (1 token, 100 ops each), each followed by a 1 ms sync readback."""
     evs = [
         {"phase": "meta", "ts": 0.0, "model": "qwen3-0.6b", "backend": "cpu"},
-        {"phase": "load", "ts": 0.0, "dur": 1.0, "sync": False, "peak_mem": 1000},
+        {"phase": "load", "ts": 0.0, "dur": 1.0, "sync": True, "peak_mem": 1000},
         {"phase": "prefill", "ts": 1.0, "dur": 0.05, "tokens": 8, "sync": True,
          "ops": 300, "peak_mem": 5000, "active_mem": 4000},
     ]
@@ -77,10 +77,11 @@ def test_phase_table(trace):
 
 def test_derived_figures(trace):
     s = summarize(trace)
-    assert s["generated_tokens"] == 10
-    assert s["decode_tokens_per_s"] == pytest.approx(10 / 0.055)
+    assert s["generated_tokens"] == 10  # one per readback
+    # 9 tokens after the first, from the first readback's end (1.054 s) to the last's (1.115 s)
+    assert s["decode_tokens_per_s"] == pytest.approx(9 / 0.061)
     assert s["ttft_ms"] == pytest.approx(50.0)  # the load is not counted
-    assert s["syncs"] == 11
+    assert s["syncs"] == 11  # prefill + 10 readbacks; the load's sync is not per token
     assert s["syncs_per_token"] == pytest.approx(1.1)
     assert s["ops"] == 1300 and s["ops_per_token"] == pytest.approx(130.0)
     assert s["peak_mem_bytes"] == 5000

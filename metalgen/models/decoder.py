@@ -158,7 +158,16 @@ class CausalLM(nn.Module):
         return self.model.layers
 
     def __call__(self, inputs=None, cache=None, input_embeddings=None) -> mx.array:
-        h = self.model(inputs, cache, input_embeddings)
+        """Logits (B, L, vocab) for token ids (B, L) or embeddings (B, L, hidden)."""
+        return self.logits(self.hidden(inputs, cache, input_embeddings))
+
+    def hidden(self, inputs=None, cache=None, input_embeddings=None) -> mx.array:
+        """Final-norm hidden states (B, L, hidden), before the LM head."""
+        return self.model(inputs, cache, input_embeddings)
+
+    def logits(self, h: mx.array) -> mx.array:
+        """The LM head. Generation applies it to the last position only, which spares the
+        head's (vocab x hidden) product for every other prompt token."""
         if "lm_head" in self:
             return self.lm_head(h)
         return self.model.embed_tokens.as_linear(h)

@@ -1,0 +1,130 @@
+"""Decode and prefill speed, optionally next to mlx-lm on the very same weights.
+
+mlx-lm is imported only when a comparison is asked for: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Dict, Iterator, List, Optional
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from .errors import MetalgenError
+from .generate import generate_step
+
+
+@dataclasses.dataclass
+class BenchResult:
+    engine: str
+    prompt_tokens: int
+    gen_tokens: int
+    ttft_ms: float  # time to first token (prefill plus one step), median over runs
+    prefill_tps: float
+    decode_tps: float  # tokens after the first over their time, median over runs
+    peak_memory_gb: float
+
+
+def weight_bytes(model) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def copy_bandwidth(nbytes: int = 1 << 29, repeats: int = 10) -> float:
+    """Measured device copy bandwidth in bytes/s (read + write), the decode speed limit's base."""
+    x = mx.random.uniform(shape=(nbytes // 4,))
+    mx.eval(x)
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        y = x + 1.0  # one read and one write of every element
+        mx.eval(y)
+        times.append(time.perf_counter() - tic)
+        del y
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def time_generation(
+    steps: Callable[[mx.array, int], Iterator], prompt: mx.array, gen_tokens: int, runs: int
+):
+    """Median (ttft seconds, decode tokens/s, peak bytes) of `runs` runs after a warm-up."""
+    ttfts, rates, peaks = [], [], []
+    for run in range(runs + 1):
+        mx.synchronize()
+        mx.reset_peak_memory()
+        tic = time.perf_counter()
+        it = steps(prompt, gen_tokens)
+        next(it)
+        first = time.perf_counter()
+        n = sum(1 for _ in it)
+        end = time.perf_counter()
+        if run == 0:
+            continue  # warm-up: compilation, allocation
+        ttfts.append(first - tic)
+        rates.append(n / (end - first))
+        peaks.append(mx.get_peak_memory())
+    return statistics.median(ttfts), statistics.median(rates), max(peaks)
+
+
+def metalgen_steps(model):
+    def steps(prompt, n):
+        return generate_step(prompt, model, max_tokens=n, prefill_step_size=2048)
+
+    return steps
+
+
+def mlx_lm_twin(model):
+    """mlx-lm's own model class for this model_type, holding the same weight arrays."""
+    try:
+        import importlib
+
+        from mlx_lm.generate import generate_step as lm_generate_step
+    except ImportError:
+        raise MetalgenError("--compare mlx-lm needs mlx-lm: pip install 'metalgen[bench]'")
+    args = dataclasses.asdict(model.args)
+    module = importlib.import_module(f"mlx_lm.models.{args['model_type']}")
+    twin = module.Model(module.ModelArgs.from_dict(args))
+    twin.load_weights(tree_flatten(model.parameters()), strict=True)
+    twin.eval()
+
+    def steps(prompt, n):
+        return lm_generate_step(prompt, twin, max_tokens=n, prefill_step_size=2048)
+
+    return steps
+
+
+def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Optional[str] = None,
+              seed=0) -> Dict[str, object]:
+    """Benchmark metalgen (and mlx-lm with compare='mlx-lm') on `model`'s weights."""
+    if prompt_tokens < 1 or gen_tokens < 2 or runs < 1:
+        raise MetalgenError("need --prompt-tokens >= 1, --gen-tokens >= 2 and --runs >= 1")
+    vocab = model.spec.vocab_size
+    prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens),
+                      mx.int32)
+    engines = {"metalgen": metalgen_steps(model)}
+    if compare == "mlx-lm":
+        engines["mlx-lm"] = mlx_lm_twin(model)
+    elif compare:
+        raise MetalgenError(f"unknown comparison '{compare}' (supported: mlx-lm)")
+    results: List[BenchResult] = []
+    for name, steps in engines.items():
+        ttft, rate, peak = time_generation(steps, prompt, gen_tokens, runs)
+        results.append(BenchResult(name, prompt_tokens, gen_tokens, ttft * 1e3,
+                                   prompt_tokens / ttft, rate, peak / 1e9))
+    nbytes = weight_bytes(model)
+    bandwidth = copy_bandwidth()
+    out = {
+        "backend": __import__("kernels_metal").backend(),
+        "device": str(mx.default_device()),
+        "weight_gb": nbytes / 1e9,
+        "copy_bandwidth_gbs": bandwidth / 1e9,
+        "floor_decode_tps": bandwidth / nbytes,
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+    if len(results) == 2:
+        out["decode_ratio"] = results[0].decode_tps / results[1].decode_tps
+        out["prefill_ratio"] = results[0].prefill_tps / results[1].prefill_tps
+    return out

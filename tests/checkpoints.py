@@ -1,0 +1,53 @@
+"""Tiny random checkpoints in Hugging Face layout written with MLX (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from metalgen.dummy import random_weights
+from metalgen.models import build_model
+
+from conftest import copy_tokenizer
+
+TINY_QWEN3 = dict(
+    model_type="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, intermediate_size=128, vocab_size=151936,
+    max_position_embeddings=256, rope_theta=1000000.0, tie_word_embeddings=True,
+    eos_token_id=151645,
+)
+
+
+def write_checkpoint(folder: Path, config=None, *, shards=1, quantize=None, dtype=mx.float32,
+                     tokenizer=True, seed=0):
+    """Write config.json, safetensors (optionally sharded with an index, optionally
+    MLX-quantized) and the tokenizer files; return the in-memory model."""
+    config = dict(config or TINY_QWEN3)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = build_model(config)
+    model.update(random_weights(model, seed=seed, dtype=dtype))
+    if quantize:
+        nn.quantize(model, quantize["group_size"], quantize["bits"])
+        config["quantization"] = dict(quantize)
+    weights = dict(tree_flatten(model.parameters()))
+    names = sorted(weights)
+    if shards == 1:
+        mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    else:
+        weight_map = {}
+        for i in range(shards):
+            part = {n: weights[n] for n in names[i::shards]}
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            mx.save_safetensors(str(folder / fname), part)
+            weight_map.update({n: fname for n in part})
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map})
+        )
+    (folder / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        copy_tokenizer(folder)
+    return model
