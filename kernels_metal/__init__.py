@@ -73,42 +73,65 @@ def _impl():
 
 from .gpu import GEMV_MAX_ROWS  # noqa: E402  (the dispatch rule, documented in docs/kernels.md)
 
+_FORCE_CUSTOM = False
+
+
+def force_custom(flag: bool = True) -> None:
+    """Use the custom GPU variants everywhere, even where MLX's built-in measured faster
+    (for checks and benchmarks of the kernels themselves)."""
+    global _FORCE_CUSTOM
+    _FORCE_CUSTOM = bool(flag)
+
+
+def _impl_for(kernel: str, **shape):
+    """The module that serves this call: the CPU one on the CPU backend; on a GPU the custom
+    variant where it measured faster than MLX's built-in (gpu.custom_wins), else the built-in,
+    which the CPU module's functions are."""
+    impl = _impl()
+    if impl.__name__.endswith(".cpu") or _FORCE_CUSTOM or impl.custom_wins(kernel, **shape):
+        return impl
+    from . import cpu
+
+    return cpu
+
 
 def rms_norm(x, weight, eps):
     """Same semantics as mx.fast.rms_norm; float32 inside, output x.dtype."""
-    return _impl().rms_norm(x, weight, eps)
+    return _impl_for("rms_norm").rms_norm(x, weight, eps)
 
 
 def add_rms_norm(x, residual, weight, eps):
     """(y, h) with h = x + residual (x.dtype) and y = rms_norm(h)."""
-    return _impl().add_rms_norm(x, residual, weight, eps)
+    return _impl_for("add_rms_norm").add_rms_norm(x, residual, weight, eps)
 
 
 def rope(x, table, offset):
     """Standard (rotate_half) RoPE of x (B, H, L, D) at positions offset .. offset+L-1."""
-    return _impl().rope(x, table, int(offset))
+    return _impl_for("rope").rope(x, table, int(offset))
 
 
 def mrope(x, table, position_ids, mrope_section, interleaved):
     """M-RoPE with three position ids per token (3, B, L); see docs/kernels.md for the layouts."""
-    return _impl().mrope(x, table, position_ids, tuple(int(s) for s in mrope_section), bool(interleaved))
+    return _impl_for("mrope").mrope(x, table, position_ids, tuple(int(s) for s in mrope_section), bool(interleaved))
 
 
 def decode_attention(q, k, v, length, scale):
     """One query token per sequence over the first `length` cache positions, grouped-query."""
-    return _impl().decode_attention(q, k, v, int(length), float(scale))
+    return _impl_for("decode_attention", length=int(length)).decode_attention(
+        q, k, v, int(length), float(scale)
+    )
 
 
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias): a GEMV when x has at most GEMV_MAX_ROWS rows, else mx.matmul."""
-    return _impl().linear(x, weight, bias)
+    return _impl_for("linear").linear(x, weight, bias)
 
 
 def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     """MLX-quantized (4 or 8 bit) x @ W.T: a GEMV for few rows, else mx.quantized_matmul."""
-    return _impl().quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
+    return _impl_for("quantized_linear").quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
 
 
 def sample(logits, temperature, top_k, top_p, min_p, state):
     """Fused temperature / top-k / top-p / min-p and Gumbel-max draw; (tokens, logprobs, next_state)."""
-    return _impl().sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state)
+    return _impl_for("sample").sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state)

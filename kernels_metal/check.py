@@ -105,16 +105,16 @@ def c_rms(rows, D, dtype=mx.bfloat16, add=False):
     w = (1 + 0.1 * mx.random.normal((D,))).astype(dtype)
     if add:
         r = rnd((rows, D), dtype)
-        y, h = K.add_rms_norm(x, r, w, 1e-6)
+        y, h = gpu.add_rms_norm(x, r, w, 1e-6)
         yr, hr = ref.add_rms_norm(x, r, w, 1e-6)
         err = max(relerr(y, yr), relerr(h, hr))
-        t = bench(lambda: K.add_rms_norm(x, r, w, 1e-6))
+        t = bench(lambda: gpu.add_rms_norm(x, r, w, 1e-6))
         tm = bench(lambda: (mx.fast.rms_norm(x + r, w, 1e-6), x + r))
         nb = 4 * x.nbytes + w.nbytes
     else:
-        y = K.rms_norm(x, w, 1e-6)
+        y = gpu.rms_norm(x, w, 1e-6)
         err = relerr(y, ref.rms_norm(x, w, 1e-6))
-        t = bench(lambda: K.rms_norm(x, w, 1e-6))
+        t = bench(lambda: gpu.rms_norm(x, w, 1e-6))
         tm = bench(lambda: mx.fast.rms_norm(x, w, 1e-6))
         nb = 2 * x.nbytes + w.nbytes
     record("add_rms_norm" if add else "rms_norm", f"{rows}x{D} {dtype}".replace("mlx.core.", ""), err,
@@ -129,9 +129,9 @@ def _inv(D, base=1e6):
 def c_rope(B, H, L, D, offset, dtype=mx.bfloat16):
     tab = K.rope_table(_inv(D), 40960)
     x = rnd((B, H, L, D), dtype)
-    y = K.rope(x, tab, offset)
+    y = gpu.rope(x, tab, offset)
     err = relerr(y, ref.rope(x, tab, offset))
-    t = bench(lambda: K.rope(x, tab, offset))
+    t = bench(lambda: gpu.rope(x, tab, offset))
     tm = bench(lambda: mx.fast.rope(x, D, traditional=False, base=1e6, scale=1.0, offset=offset))
     record("rope", f"B{B} H{H} L{L} D{D} off{offset}", err, 1e-2, t, tm, 2 * x.nbytes, "fast.rope")
 
@@ -141,9 +141,9 @@ def c_mrope(B, H, L, D, sec, inter):
     tab = K.rope_table(_inv(D), 40960)
     x = rnd((B, H, L, D))
     pid = mx.random.randint(0, 40000, (3, B, L))
-    y = K.mrope(x, tab, pid, sec, inter)
+    y = gpu.mrope(x, tab, pid, sec, inter)
     err = relerr(y, ref.mrope(x, tab, pid, sec, inter))
-    t = bench(lambda: K.mrope(x, tab, pid, sec, inter))
+    t = bench(lambda: gpu.mrope(x, tab, pid, sec, inter))
     tm = bench(lambda: mx.fast.rope(x, D, traditional=False, base=1e6, scale=1.0, offset=7))
     record("mrope" + ("_inter" if inter else ""), f"B{B} H{H} L{L} D{D} {list(sec)}", err, 1e-2, t, tm,
            2 * x.nbytes, "fast.rope(1 pos)")

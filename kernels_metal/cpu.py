@@ -1,5 +1,7 @@
-"""The CPU fallback: the fastest correct MLX formulation of each kernel (mx.fast.* where one
-exists). Checked against kernels_metal.reference in tests/test_kernels_dispatch.py."""
+"""The MLX built-in formulation of each kernel (mx.fast.* where one exists): the CPU backend's
+fallback, and on a GPU the variant used wherever the built-in measured faster than the custom
+kernel (gpu.custom_wins). Checked against kernels_metal.reference in
+tests/test_kernels_dispatch.py."""
 
 from __future__ import annotations
 

@@ -44,6 +44,26 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
         return weights >= QGEMV_MIN_WEIGHTS_ROW1
     return False
 
+# Custom kernel or MLX built-in, per call on a GPU backend (docs/kernels.md). Every
+# mx.fast.cuda_kernel call costs ~12.8 us of host time on the H200 against ~5-8 us for a built-in,
+# so at decode shapes a custom kernel wins only where it saves more device time than that:
+# rms_norm 15-40 us vs mx.fast.rms_norm 5-10, rope 31-46 vs mx.fast.rope 8-16 (always lose);
+# decode attention 39-83 vs SDPA 6-28 up to 4k context, a tie at 32k with G=2 (99.8 vs 101.9)
+# and a win at 32k with G=4 (144 vs 161); the sampler 61-145 vs 313-680 for its MLX form
+# (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
+ATTN_CUSTOM_MIN_LENGTH = 16384
+ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear"})  # the last two choose inside
+
+
+def custom_wins(kernel: str, length: int = 0) -> bool:
+    """True where the custom variant of `kernel` is used rather than MLX's built-in."""
+    if kernel in ALWAYS_CUSTOM:
+        return True
+    if kernel == "decode_attention":
+        return length >= ATTN_CUSTOM_MIN_LENGTH
+    return False
+
+
 # decode attention: split the context when (batch x KV heads) groups would leave the GPU idle
 ATTN_TARGET_GROUPS = 256
 ATTN_MIN_CHUNK = 256

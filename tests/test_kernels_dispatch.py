@@ -145,3 +145,21 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert gpu.gemv_quantized(xs, wq, s, b, 64, 4).shape == (2, 48)
     tok, lp, ns = gpu.sample(rnd((2, 100)), 0.7, 5, 0.9, 0.0, K.make_sample_state(1))
     assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1]
+
+
+def test_gpu_variant_choice_follows_the_measured_rule(monkeypatch):
+    import kernels_metal
+
+    monkeypatch.setattr(kernels_metal, "backend", lambda: "cuda")
+    assert kernels_metal._impl_for("rms_norm").__name__ == "kernels_metal.cpu"  # built-in wins
+    assert kernels_metal._impl_for("rope").__name__ == "kernels_metal.cpu"
+    assert kernels_metal._impl_for("sample").__name__ == "kernels_metal.gpu"
+    assert kernels_metal._impl_for("mrope").__name__ == "kernels_metal.gpu"
+    short = kernels_metal._impl_for("decode_attention", length=4096)
+    long = kernels_metal._impl_for("decode_attention", length=gpu.ATTN_CUSTOM_MIN_LENGTH)
+    assert short.__name__ == "kernels_metal.cpu" and long.__name__ == "kernels_metal.gpu"
+    kernels_metal.force_custom(True)
+    try:
+        assert kernels_metal._impl_for("rms_norm").__name__ == "kernels_metal.gpu"
+    finally:
+        kernels_metal.force_custom(False)
