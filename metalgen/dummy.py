@@ -49,7 +49,7 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728),
     "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
     # Small enough for tests and a quick look on any machine.
-    "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32},
+    "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
 }
 
 TOKENIZER_ASSET = "qwen3-tokenizer"

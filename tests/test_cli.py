@@ -81,7 +81,7 @@ def test_ctrl_c_stops_cleanly_with_output_kept():
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "metalgen", "generate", "--model", MODEL, "--prompt", "go",
-         "--max-tokens", "30000", "--temp", "1", "--seed", "1"],
+         "--max-tokens", "2000", "--temp", "1", "--seed", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
     first = proc.stdout.read(1)  # generation has started

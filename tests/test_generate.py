@@ -49,6 +49,13 @@ def test_multibyte_characters_split_across_tokens_stream_cleanly(tiny):
     assert [r.token for r in responses] == ids
 
 
+def test_padding_ids_past_the_tokenizer_have_no_text(tiny):
+    model, tok = tiny
+    ids = tok.encode("ab") + [tok.vocab_size + 5] + tok.encode("cd")
+    responses = collect(model, tok, ids, eos_token_ids=[])
+    assert "".join(r.text for r in responses) == "abcd" and len(responses) == len(ids)
+
+
 def test_stop_string_cuts_text_and_is_never_emitted(tiny):
     model, tok = tiny
     ids = tok.encode("Hello world. STOP and more text")

@@ -18,6 +18,9 @@ pytest.importorskip("transformers")
 
 PROMPT_LEN = 12
 DECODE_STEPS = 32
+# float32 end to end agrees with transformers to ~1e-6 on the CPU. MLX's CUDA backend runs
+# float32 matmuls on TF32 tensor cores (10-bit mantissa inputs), which measured 8e-4 on an H200.
+TOL = 1e-4 if __import__("kernels_metal").backend() == "cpu" else 3e-3
 
 CASES = {
     # qwen2 with q/k/v biases and tied embeddings, GQA ratio 2
@@ -68,9 +71,9 @@ def test_logits_match_over_prompt_and_cached_decode(pair):
         got.append(np.array(ours(mx.array(ids[None, t : t + 1]), cache=cache)[0]))
     got = np.concatenate(got)
     assert got.shape == ref.shape
-    assert rel_err(got[:PROMPT_LEN], ref[:PROMPT_LEN]) < 1e-4
+    assert rel_err(got[:PROMPT_LEN], ref[:PROMPT_LEN]) < TOL
     for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
-        assert rel_err(got[t], ref[t]) < 1e-4, f"decode step {t - PROMPT_LEN}"
+        assert rel_err(got[t], ref[t]) < TOL, f"decode step {t - PROMPT_LEN}"
 
 
 def test_greedy_continuation_identical(pair):
