@@ -46,16 +46,25 @@ class KernelSpec:
     outputs: tuple
     templates: tuple
     defines: tuple = ()
+    # extra prelude files (preludes/<name>), appended after common.h
+    preludes: tuple = ()
     # an example instantiation for the source checks: (input dtypes, input ndims, output dtypes,
     # template values) with dtypes as mx.Dtype, ints, bools
     example: dict = field(default_factory=dict, compare=False, hash=False)
 
 
-def _spec(name, body, inputs, outputs, templates, defines=(), **example):
-    return KernelSpec(name, body, tuple(inputs), tuple(outputs), tuple(templates), tuple(defines), example)
+def _spec(name, body, inputs, outputs, templates, defines=(), preludes=(), **example):
+    return KernelSpec(name, body, tuple(inputs), tuple(outputs), tuple(templates), tuple(defines),
+                      tuple(preludes), example)
 
 
 bf16, f32, i32, u32 = mx.bfloat16, mx.float32, mx.int32, mx.uint32
+
+DECODE_INPUTS = ("tok", "emb", "embed", "wqkv", "bqkv", "qkn", "wo", "wgu", "wd", "norms", "fnorm", "cos_t",
+                 "sin_t", "kc", "vc", "scratch", "params", "fparams", "dep")
+DECODE_TEMPLATES = ("T", "D", "QKN", "BIAS", "SK")
+DECODE_DTYPES = [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, f32, f32, bf16, bf16, f32, i32,
+                 f32, u32]
 
 SPECS = {
     s.name: s
@@ -97,21 +106,36 @@ SPECS = {
               tmpl=[mx.float16, 1, 4, mx.float16, 128]),
         _spec("sample", "sample", ["logits", "fparams", "iparams", "state"], ["tok", "lp", "next_state"], ["T"],
               dtypes=[bf16, f32, i32, u32], out=[i32, f32, u32], tmpl=[bf16]),
+        # the fused decode path (metalgen/decode, docs/decode.md): one launch per phase of a layer
+        _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES, [("MG_GRID", 0)],
+              ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32], tmpl=[bf16, 128, True, False, 9728]),
+    ]
+}
+
+# CUDA-only kernels (no Metal variant: they need a grid-wide barrier, which Metal cannot promise).
+# The decode megakernel: one launch per token for all layers, blocks synchronized by an atomic counter.
+CUDA_ONLY_SPECS = {
+    s.name: s
+    for s in [
+        _spec("decode_megakernel", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
+              [("MG_GRID", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              tmpl=[bf16, 64, False, True, 4864]),
     ]
 }
 
 # the algorithms, for the "every kernel has both variants" check
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
-           "sample")
+           "sample", "decode_layer")
 
 
 def header(spec: KernelSpec, backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(backend)
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in spec.defines)
+    extra = "".join(_read(f"preludes/{p}") for p in spec.preludes)
     return (f"// metalgen kernel {spec.name} ({backend})\n" + _read(f"preludes/{backend}.h")
-            + _read("preludes/common.h") + defines)
+            + _read("preludes/common.h") + extra + defines)
 
 
 def body(spec: KernelSpec, backend: str) -> str:

@@ -69,11 +69,82 @@ def time_generation(
     return statistics.median(ttfts), statistics.median(rates), max(peaks)
 
 
-def metalgen_steps(model):
+def metalgen_steps(model, decode: Optional[str] = None):
     def steps(prompt, n):
-        return generate_step(prompt, model, max_tokens=n, prefill_step_size=2048)
+        return generate_step(prompt, model, max_tokens=n, prefill_step_size=2048, decode=decode)
 
     return steps
+
+
+def decode_path_name(model, decode: Optional[str] = None) -> str:
+    """Which decode path `decode` resolves to on this model and backend (builds it, once)."""
+    from .decode import decoder_for
+
+    dec = decoder_for(model, decode)
+    return "plain" if dec is None else dec.name
+
+
+def _graph_ops(outputs) -> int:
+    """MLX operations in the (unevaluated) graph of `outputs`: the nodes of mx.export_to_dot."""
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outputs)
+        with open(path) as f:
+            return f.read().count("shape=rectangle")
+    finally:
+        os.unlink(path)
+
+
+def ops_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8) -> int:
+    """MLX operations that one decode token enqueues (model, LM head and sampler), counted on the
+    graph of one step after a short prefill."""
+    from .cache import make_prompt_cache
+    from .decode import make_step
+    from .generate import decode_step
+    from .sampling import make_sampler
+
+    prompt = mx.arange(1, prompt_tokens + 1).astype(mx.int32)
+    cache = make_prompt_cache(model)
+    sampler = make_sampler(seed=0)
+    y, lp = decode_step(model, prompt, cache, sampler, (), None)
+    mx.eval(y, lp, [c.state for c in cache])
+    fast = make_step(model, cache, prompt_tokens, 4, decode)
+    if fast is None:
+        y2, lp2 = decode_step(model, y, cache, sampler, (), None)
+    else:
+        y2, lp2 = sampler(fast(y))
+    n = _graph_ops([y2, lp2])
+    mx.eval(y2, lp2)
+    return n
+
+
+def syncs_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8, gen_tokens: int = 16
+                    ) -> float:
+    """Host-device synchronizations per generated token after the first, from a trace."""
+    import os
+    import tempfile
+
+    import profiling
+
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    try:
+        tracer = profiling.make_tracer(path)
+        prompt = mx.arange(1, prompt_tokens + 1).astype(mx.int32)
+        for _ in generate_step(prompt, model, max_tokens=gen_tokens, tracer=tracer, decode=decode):
+            pass
+        tracer.close()
+        events = [e for e in profiling.read_events(path) if e.get("phase") not in (None, "meta")]
+    finally:
+        os.unlink(path)
+    # events after the first readback belong to decoding
+    first = next(i for i, e in enumerate(events) if e.get("phase") == "readback")
+    later = events[first + 1:]
+    return sum(1 for e in later if e.get("sync")) / max(1, gen_tokens - 1)
 
 
 def mlx_lm_twin(model):
@@ -97,14 +168,21 @@ def mlx_lm_twin(model):
 
 
 def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Optional[str] = None,
-              seed=0) -> Dict[str, object]:
-    """Benchmark metalgen (and mlx-lm with compare='mlx-lm') on `model`'s weights."""
+              seed=0, decode: Optional[str] = None, profile: bool = False) -> Dict[str, object]:
+    """Benchmark metalgen (and mlx-lm with compare='mlx-lm') on `model`'s weights.
+
+    decode: metalgen's decode path (metalgen.decode modes; None = the default, "auto").
+    profile: also count MLX operations and host-device syncs per token, plain path and ours.
+    """
     if prompt_tokens < 1 or gen_tokens < 2 or runs < 1:
         raise MetalgenError("need --prompt-tokens >= 1, --gen-tokens >= 2 and --runs >= 1")
     vocab = model.spec.vocab_size
     prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens),
                       mx.int32)
-    engines = {"metalgen": metalgen_steps(model)}
+    # resolve (and stack the weights of) the decode path first, so that mlx-lm's twin holds the
+    # same, rebound arrays
+    path = decode_path_name(model, decode)
+    engines = {"metalgen": metalgen_steps(model, decode)}
     if compare == "mlx-lm":
         engines["mlx-lm"] = mlx_lm_twin(model)
     elif compare:
@@ -122,8 +200,16 @@ def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Opti
         "weight_gb": nbytes / 1e9,
         "copy_bandwidth_gbs": bandwidth / 1e9,
         "floor_decode_tps": bandwidth / nbytes,
+        "decode_path": path,
         "results": [dataclasses.asdict(r) for r in results],
     }
+    if profile:
+        out["profile"] = {
+            "plain": {"ops_per_token": ops_per_token(model, "plain"),
+                      "syncs_per_token": syncs_per_token(model, "plain")},
+            path: {"ops_per_token": ops_per_token(model, decode),
+                   "syncs_per_token": syncs_per_token(model, decode)},
+        }
     if len(results) == 2:
         out["decode_ratio"] = results[0].decode_tps / results[1].decode_tps
         out["prefill_ratio"] = results[0].prefill_tps / results[1].prefill_tps

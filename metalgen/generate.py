@@ -94,6 +94,7 @@ def generate_step(
     prompt_cache=None,
     prefill_step_size: int = 512,
     tracer=_NULL_TRACER,
+    decode: Optional[str] = None,
 ) -> Iterator[Tuple[int, float]]:
     """Yield (token id, logprob) pairs, at most `max_tokens` of them.
 
@@ -103,6 +104,10 @@ def generate_step(
         logits_processors: functions `(history (T,), logits (1, V)) -> logits`.
         prompt_cache: per-layer caches to fill (fresh ones by default); reusable afterwards.
         prefill_step_size: prompt tokens per prefill chunk.
+        decode: the decode path after prefill (metalgen.decode: "auto", "plain", "fused",
+            "megakernel", "reference"); None takes metalgen.decode.default_mode(). The stacked
+            paths are used only without logits processors and without a caller's prompt_cache
+            (they keep their own cache); otherwise decoding stays on the plain path.
     """
     sampler = sampler or make_sampler()
     cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
@@ -112,13 +117,27 @@ def generate_step(
     rest = prefill(model, prompt, cache, prefill_step_size, tracer)
     y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
     mx.async_eval(y, logprob)
+    fast = None
+    if max_tokens > 1 and not processors and prompt_cache is None:
+        from .decode import make_step
+
+        fast = make_step(model, cache, int(prompt.size), max_tokens, decode)
+        if fast is not None:
+            cache = None  # the stacked path holds the KV cache from here on
     n = 0
     while n < max_tokens:
         if n + 1 < max_tokens:
             # Enqueue step n+1 on the device before reading token n back.
-            if processors:
-                history = mx.concatenate([history, y])
-            next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history, tracer)
+            if fast is not None:
+                with tracer.span("decode_step", tokens=1, sync=False):
+                    logits = fast(y)
+                with tracer.span("sample", sync=False):
+                    next_y, next_logprob = sampler(logits)
+            else:
+                if processors:
+                    history = mx.concatenate([history, y])
+                next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history,
+                                                   tracer)
             mx.async_eval(next_y, next_logprob)
         with tracer.span("readback", step=n, sync=True):
             token = y.item()
@@ -182,6 +201,7 @@ def stream_generate(
     prefill_step_size: int = 512,
     prompt_cache=None,
     tracer=_NULL_TRACER,
+    decode: Optional[str] = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from prompt token ids, yielding a GenerationResponse per token.
 
@@ -205,6 +225,7 @@ def stream_generate(
     budget = min(max_tokens, context - len(prompt))
     eos = set(tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids)
     detok = tokenizer.detokenizer()
+    text_vocab = tokenizer.vocab_size
     stop = _StopText(list(stop_strings))
 
     mx.reset_peak_memory()
@@ -220,6 +241,7 @@ def stream_generate(
         prompt_cache=prompt_cache,
         prefill_step_size=prefill_step_size,
         tracer=tracer,
+        decode=decode,
     )
     token, logprob = -1, 0.0
     for n, (token, logprob) in enumerate(tokens, start=1):
@@ -237,7 +259,9 @@ def stream_generate(
         if token in eos:
             yield response(stop.push(detok.finalize())[0] + stop.flush(), "stop")
             return
-        text, hit = stop.push(detok.add(token))
+        # Model vocabularies are padded past the tokenizer's (151936 vs 151669 for Qwen); a
+        # padding id has no text, as in Hugging Face's decoding.
+        text, hit = stop.push(detok.add(token) if token < text_vocab else "")
         if hit:
             yield response(text, "stop")
             return

@@ -83,3 +83,29 @@ MG_FN mg_f2 mg_unpack2<__half>(uint32_t u) {
   __half2 h = *reinterpret_cast<__half2*>(&u);
   return __half22float2(h);
 }
+
+// --- decode kernels (decode_layer / decode_megakernel) -------------------------------------------
+// Global pointers in helper signatures, loads that bypass L1 (data written by other blocks of the
+// same launch), read-only streaming loads, writes through an input buffer that the kernel updates
+// in place (KV cache, scratch), and the grid barrier of the persistent megakernel.
+#define MG_DEVICE
+#define MG_LOAD_CG(ptr) __ldcg(ptr)
+#define MG_LOAD_U4_NC(ptr) __ldg((const uint4*)(ptr))
+#define MG_LOAD_SHARED_U4(ptr) (*((const uint4*)(ptr)))
+#define MG_MUT(type, ptr) ((type*)(ptr))
+#define MG_HAS_GRID_BARRIER 1
+
+// All blocks of the grid must be co-resident (MLX launches without cooperative groups): the
+// caller keeps the grid at most (SM count x blocks per SM). `counter` starts at 0 each launch
+// (init_value=0); the k-th barrier of a launch waits until it reaches k * gridDim.x.
+MG_FN void mg_grid_barrier(unsigned int* counter, unsigned int target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    while (*((volatile unsigned int*)counter) < target) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}

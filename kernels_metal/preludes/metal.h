@@ -67,3 +67,13 @@ template <>
 MG_FN mg_f2 mg_unpack2<half>(uint32_t u) {
   return mg_f2(as_type<half2>(u));
 }
+
+// --- decode kernels (decode_layer) -----------------------------------------------------------------
+// Same names as the other GPU prelude. This backend promises no co-residency of groups, so there is
+// no grid barrier here: its decode path launches decode_layer once per phase (docs/decode.md).
+#define MG_DEVICE device
+#define MG_LOAD_CG(ptr) (*(ptr))
+#define MG_LOAD_U4_NC(ptr) (*((const device uint4*)(ptr)))
+#define MG_LOAD_SHARED_U4(ptr) (*((const threadgroup uint4*)(ptr)))
+#define MG_MUT(type, ptr) ((device type*)(ptr))
+#define MG_HAS_GRID_BARRIER 0

@@ -17,13 +17,17 @@ def add_parser(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up; medians")
     p.add_argument("--compare", choices=["mlx-lm"], default=None)
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the figures here")
+    p.add_argument("--decode", choices=["auto", "plain", "fused", "megakernel", "reference"],
+                   default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
+    p.add_argument("--profile", action="store_true",
+                   help="also count MLX operations and host-device syncs per token (plain vs ours)")
 
 
 def format_table(report) -> str:
     lines = [
         f"backend {report['backend']} ({report['device']}), weights {report['weight_gb']:.2f} GB, "
         f"copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s, "
-        f"decode floor {report['floor_decode_tps']:.0f} tok/s",
+        f"decode floor {report['floor_decode_tps']:.0f} tok/s, decode path {report.get('decode_path', '?')}",
         f"{'engine':<10} {'prompt':>6} {'gen':>5} {'ttft ms':>9} {'prefill tok/s':>14} "
         f"{'decode tok/s':>13} {'% floor':>8} {'peak GB':>8}",
     ]
@@ -36,6 +40,9 @@ def format_table(report) -> str:
     if "decode_ratio" in report:
         lines.append(f"metalgen / mlx-lm: decode {report['decode_ratio']:.2f}x, "
                      f"prefill {report['prefill_ratio']:.2f}x")
+    for path, figures in report.get("profile", {}).items():
+        lines.append(f"profile {path:<10} MLX ops/token {figures['ops_per_token']:>5}, "
+                     f"host-device syncs/token {figures['syncs_per_token']:.2f}")
     return "\n".join(lines)
 
 
@@ -45,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, _ = load(args.model, dtype=args.dtype)
     report = run_bench(model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                       runs=args.runs, compare=args.compare)
+                       runs=args.runs, compare=args.compare, decode=args.decode, profile=args.profile)
     report["model"] = args.model
     print(format_table(report))
     if args.json:

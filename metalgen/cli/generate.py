@@ -39,6 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-step-size", type=int, default=512)
     p.add_argument("--profile", metavar="TRACE.jsonl", default=None,
                    help="write a JSONL trace of every phase and step")
+    p.add_argument("--decode", choices=["auto", "plain", "fused", "megakernel", "reference"],
+                   default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
     p.add_argument("--verbose", action="store_true", help="report backend, load time, kernel choices")
 
 
@@ -83,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError("--prefill-step-size must be >= 1")
     if args.verbose:
         kernels_metal.set_verbose(True)
+    from ..decode import set_default_mode
+
+    set_default_mode(getattr(args, "decode", "auto"))
     tracer = profiling.make_tracer(args.profile)
     tic = time.perf_counter()
     with tracer.span("load", sync=True):

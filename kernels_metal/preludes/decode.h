@@ -1,0 +1,69 @@
+// metalgen decode helpers, shared by decode_layer (both GPU backends) and decode_megakernel:
+// warp-wide dot products of weight rows (global memory) with a vector held in shared memory.
+// Written only in the prelude vocabulary; appended after preludes/common.h.
+#pragma once
+
+// dot of 8 packed 16-bit values with 8 others, float32
+template <typename T>
+MG_FN float mg_dot8(mg_u4 a, mg_u4 b) {
+  const mg_f2 a0 = mg_unpack2<T>(a.x);
+  const mg_f2 a1 = mg_unpack2<T>(a.y);
+  const mg_f2 a2 = mg_unpack2<T>(a.z);
+  const mg_f2 a3 = mg_unpack2<T>(a.w);
+  const mg_f2 b0 = mg_unpack2<T>(b.x);
+  const mg_f2 b1 = mg_unpack2<T>(b.y);
+  const mg_f2 b2 = mg_unpack2<T>(b.z);
+  const mg_f2 b3 = mg_unpack2<T>(b.w);
+  return a0.x * b0.x + a0.y * b0.y + a1.x * b1.x + a1.y * b1.y + a2.x * b2.x + a2.y * b2.y +
+         a3.x * b3.x + a3.y * b3.y;
+}
+
+// One lane-group (32 lanes): dot(w[0:K], xs[0:K]), K a multiple of 8, xs 16-byte aligned.
+// Each lane reads 16 bytes at a time, four rows of 16 bytes in flight. Result in every lane.
+template <typename T>
+MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
+  float acc = 0.0f;
+  uint32_t k = lane * 8u;
+  for (; k + 768u < K; k += 1024u) {
+    const mg_u4 w0 = MG_LOAD_U4_NC(w + k);
+    const mg_u4 w1 = MG_LOAD_U4_NC(w + k + 256u);
+    const mg_u4 w2 = MG_LOAD_U4_NC(w + k + 512u);
+    const mg_u4 w3 = MG_LOAD_U4_NC(w + k + 768u);
+    acc += mg_dot8<T>(w0, MG_LOAD_SHARED_U4(xs + k)) + mg_dot8<T>(w1, MG_LOAD_SHARED_U4(xs + k + 256u)) +
+           mg_dot8<T>(w2, MG_LOAD_SHARED_U4(xs + k + 512u)) + mg_dot8<T>(w3, MG_LOAD_SHARED_U4(xs + k + 768u));
+  }
+  for (; k < K; k += 256u) acc += mg_dot8<T>(MG_LOAD_U4_NC(w + k), MG_LOAD_SHARED_U4(xs + k));
+  return mg_lanes_sum(acc);
+}
+
+// Two rows at once (gate and up): (dot(w1, xs), dot(w2, xs)) in every lane.
+template <typename T>
+MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
+                         uint32_t lane) {
+  float a = 0.0f;
+  float b = 0.0f;
+  uint32_t k = lane * 8u;
+  for (; k + 256u < K; k += 512u) {
+    const mg_u4 p0 = MG_LOAD_U4_NC(w1 + k);
+    const mg_u4 p1 = MG_LOAD_U4_NC(w1 + k + 256u);
+    const mg_u4 q0 = MG_LOAD_U4_NC(w2 + k);
+    const mg_u4 q1 = MG_LOAD_U4_NC(w2 + k + 256u);
+    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
+    const mg_u4 x1 = MG_LOAD_SHARED_U4(xs + k + 256u);
+    a += mg_dot8<T>(p0, x0) + mg_dot8<T>(p1, x1);
+    b += mg_dot8<T>(q0, x0) + mg_dot8<T>(q1, x1);
+  }
+  for (; k < K; k += 256u) {
+    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
+    a += mg_dot8<T>(MG_LOAD_U4_NC(w1 + k), x0);
+    b += mg_dot8<T>(MG_LOAD_U4_NC(w2 + k), x0);
+  }
+  mg_f2 r;
+  r.x = mg_lanes_sum(a);
+  r.y = mg_lanes_sum(b);
+  return r;
+}
+
+// Round a float to T and back: the decode kernels round where the plain MLX path stores T.
+template <typename T>
+MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }

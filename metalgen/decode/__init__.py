@@ -1,0 +1,14 @@
+"""GPU-resident decode paths on stacked weights (docs/decode.md).
+
+`make_step` is the hook generate_step uses after prefill; `decoder_for` picks a decoder
+(plain / reference / fused / megakernel / auto) for a model.
+"""
+
+from .path import (MODES, decoder_for, default_mode, make_step, self_check, set_default_mode,
+                   stacked_weights)
+from .reference import ReferenceDecoder
+from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache
+
+__all__ = ["MODES", "decoder_for", "default_mode", "make_step", "self_check", "set_default_mode",
+           "stacked_weights", "ReferenceDecoder", "DecodeState", "StackedWeights", "stack_weights",
+           "stacked_cache"]

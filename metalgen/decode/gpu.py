@@ -1,0 +1,167 @@
+"""The fused (per-phase) and megakernel (one launch per token) decode paths.
+
+Both run kernels_metal/bodies/decode_layer.body on the stacked weights:
+
+* `MegakernelDecoder` (CUDA only): one launch per token runs every layer and the final norm, the
+  groups meeting at a grid barrier (an atomic counter in a zero-initialized output) between the
+  5 phases of each layer. The grid is kept co-resident: at most `blocks_per_sm` groups of 256
+  threads per multiprocessor (the kernel uses ~72 registers and <= 48 KB of shared memory, so 3
+  fit; we use 2).
+* `FusedDecoder` (Metal and CUDA): the same body, one launch per phase (5 per layer + 1): norm
+  into the QKV projection; q/k norms, RoPE and the cache write into attention; the split merge,
+  o_proj and the residual add; norm into gate/up with SiLU; down with the residual add.
+
+The KV cache (stacked layout) and a float32 scratch are inputs that the kernel updates in place;
+every launch of a token runs on the one stream, after the previous token's sampler (its input),
+so nothing else touches them meanwhile. The runtime layer count and the token-or-embedding input
+let the same compiled kernel serve any decoder of the same head dim and flags.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import mlx.core as mx
+
+import kernels_metal as K
+from kernels_metal import source as S
+
+from .stacked import DecodeState, StackedWeights
+
+THREADS = 256
+MIN_CHUNK = 64  # attention positions per (head, split) item at least
+_KERNELS = {}
+
+
+def multiprocessors() -> Optional[int]:
+    """The GPU's multiprocessor count, if MLX or the environment says it."""
+    env = os.environ.get("METALGEN_SM_COUNT")
+    if env:
+        return int(env)
+    try:
+        info = mx.device_info()
+    except Exception:  # noqa: BLE001
+        return None
+    for key in ("num_sms", "multi_processor_count", "multiprocessor_count", "sm_count"):
+        if key in info:
+            return int(info[key])
+    name = str(info.get("device_name", ""))
+    if "H100" in name or "H200" in name or "H20" in name:
+        return 132
+    return None
+
+
+def grid_blocks(blocks_per_sm: int = 2) -> int:
+    env = os.environ.get("METALGEN_DECODE_BLOCKS")
+    if env:
+        return int(env)
+    sms = multiprocessors()
+    # unknown GPU: 32 groups are co-resident on anything with >= 16 multiprocessors
+    return blocks_per_sm * sms if sms else 32
+
+
+def _kernel(name: str):
+    k = _KERNELS.get(name)
+    if k is None:
+        be = K.backend()
+        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
+        make = mx.fast.cuda_kernel if be == "cuda" else mx.fast.metal_kernel
+        if be not in ("cuda", "metal") or (be == "metal" and name in S.CUDA_ONLY_SPECS):
+            raise RuntimeError(f"{name} does not run on backend {be}")
+        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                 source=S.body(spec, be), header=S.header(spec, be))
+        _KERNELS[name] = k
+    return k
+
+
+class _GpuDecoder:
+    kernel_name = ""
+    name = ""
+
+    def __init__(self, weights: StackedWeights, blocks: Optional[int] = None):
+        w = weights
+        if w.dtype not in (mx.bfloat16, mx.float16):
+            raise ValueError(f"the {self.name} path needs bfloat16 or float16 weights, not {w.dtype}")
+        if w.head_dim % 64 or w.head_dim > 256 or w.hidden % 8 or w.inter % 8 or w.heads % w.kv_heads:
+            raise ValueError("the decode kernels need head_dim in {64, 128, 192, 256}, hidden and "
+                             "intermediate sizes divisible by 8")
+        self.w = w
+        self.blocks = blocks or grid_blocks()
+        self.max_splits = max(1, self.blocks // w.heads)
+        sk = max(w.hidden, w.q_dim, w.inter)
+        self.sk = (sk + 255) // 256 * 256
+        self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
+                         ("BIAS", bool(w.has_bias)), ("SK", self.sk)]
+        self.scratch_size = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
+        self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
+        self.no_emb = mx.zeros((w.hidden,), w.dtype)
+        self.no_tok = mx.zeros((1,), mx.int32)
+        self.no_dep = mx.zeros((1,), mx.uint32)
+        mx.eval(self.fparams, self.no_emb, self.no_tok, self.no_dep)
+
+    def prepare(self, state: DecodeState) -> DecodeState:
+        if state.scratch is None:
+            state.scratch = mx.zeros((self.scratch_size,), mx.float32)
+            mx.eval(state.scratch)
+        return state
+
+    def splits(self, length: int):
+        ns = max(1, min(self.max_splits, -(-length // MIN_CHUNK)))
+        chunk = -(-length // ns)
+        return -(-length // chunk), chunk
+
+    def _params(self, state, use_emb, s_begin, s_end):
+        w = self.w
+        ns, chunk = self.splits(state.pos + 1)
+        return mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
+                         use_emb, s_begin, s_end, ns, chunk, self.blocks], mx.int32)
+
+    def _launch(self, state, tok, emb, params, dep):
+        w = self.w
+        table = w.rope_table
+        return _kernel(self.kernel_name)(
+            inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
+                    table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep],
+            template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+            output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=0)
+
+    def _inputs(self, state, token, embedding):
+        w = self.w
+        pos = state.pos
+        if pos >= state.capacity:
+            raise ValueError(f"decode position {pos} is past the cache capacity {state.capacity}")
+        if pos >= w.rope_table.max_positions:
+            raise ValueError(f"decode position {pos} is past the RoPE table")
+        self.prepare(state)
+        if embedding is None:
+            if token.dtype != mx.int32 or token.shape != (1,):
+                token = token.reshape(-1)[:1].astype(mx.int32)
+            return token, self.no_emb, 0
+        return self.no_tok, embedding.reshape(w.hidden).astype(w.dtype), 1
+
+
+class MegakernelDecoder(_GpuDecoder):
+    kernel_name = "decode_megakernel"
+    name = "megakernel"
+
+    def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
+        tok, emb, use_emb = self._inputs(state, token, embedding)
+        params = self._params(state, use_emb, 0, 5 * self.w.layers + 1)
+        out, _ = self._launch(state, tok, emb, params, self.no_dep)
+        state.pos += 1
+        return out.reshape(1, -1)
+
+
+class FusedDecoder(_GpuDecoder):
+    kernel_name = "decode_layer"
+    name = "fused"
+
+    def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
+        tok, emb, use_emb = self._inputs(state, token, embedding)
+        dep = self.no_dep
+        out = None
+        for s in range(5 * self.w.layers + 1):
+            out, dep = self._launch(state, tok, emb, self._params(state, use_emb, s, s + 1), dep)
+        state.pos += 1
+        return out.reshape(1, -1)

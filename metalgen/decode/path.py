@@ -1,0 +1,170 @@
+"""Choosing the decode path, and the step function that generate_step runs after prefill.
+
+Modes: "plain" (the model's own MLX path, per-layer caches), "reference" (stacked weights, plain
+MLX ops: a check, not a speed-up), "fused" (decode_layer, one launch per phase), "megakernel"
+(CUDA: one launch per token), "auto" (megakernel on CUDA, fused on Metal, each only once it has
+passed its self-check on this model; plain on the CPU and whenever the fast path cannot run).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Callable, Dict, Optional, Tuple
+
+import mlx.core as mx
+
+import kernels_metal as K
+
+from ..errors import MetalgenError
+from .reference import ReferenceDecoder
+from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache, unsupported_reason
+
+MODES = ("auto", "plain", "fused", "megakernel", "reference")
+# bf16 noise on random-weight models is ~1.7% (plain bf16 vs float32 logits, qwen2.5-0.5b shape);
+# two bf16 paths that round in different places differ by ~2-3% (docs/decode.md)
+CHECK_RTOL = 6e-2
+AUTO_GPU = False  # "auto" picks the stacked GPU paths only once they beat plain (docs/decode.md)
+_default = "auto"
+_registry: Dict[int, Tuple[weakref.ref, dict]] = {}
+
+
+def set_default_mode(mode: str) -> None:
+    """The mode generate_step uses when none is given (the CLI's --decode sets it)."""
+    global _default
+    _check_mode(mode)
+    _default = mode
+
+
+def default_mode() -> str:
+    return _default
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise MetalgenError(f"unknown decode path '{mode}' (choose from {', '.join(MODES)})")
+
+
+def _entry(model) -> dict:
+    key = id(model)
+    hit = _registry.get(key)
+    if hit is not None and hit[0]() is model:
+        return hit[1]
+    for k in [k for k, (ref, _) in _registry.items() if ref() is None]:
+        del _registry[k]
+    entry: dict = {}
+    _registry[key] = (weakref.ref(model), entry)
+    return entry
+
+
+def stacked_weights(model) -> StackedWeights:
+    """The model's stacked weights, built (and the model's parameters rebound to them) once."""
+    entry = _entry(model)
+    if "weights" not in entry:
+        entry["weights"] = stack_weights(model, rebind=True)
+    return entry["weights"]
+
+
+def rel_err(a: mx.array, b: mx.array) -> float:
+    """||a - b|| / ||b||, float32."""
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return float((mx.sqrt(mx.sum((a - b) ** 2)) / mx.maximum(mx.sqrt(mx.sum(b * b)), 1e-30)).item())
+
+
+def self_check(decoder, weights: StackedWeights, steps: int = 3, head=None) -> float:
+    """Run `steps` tokens through `decoder` and the reference from an empty cache; the largest
+    relative difference ||a - b|| / ||b|| of the logits (of the final hidden states when no LM
+    `head` is given)."""
+    ref = ReferenceDecoder(weights)
+    cap = steps
+
+    def fresh():
+        z = mx.zeros((weights.layers, weights.kv_heads, cap, weights.head_dim), weights.dtype)
+        return DecodeState(z, mx.array(z), 0, cap)
+
+    sa, sb = decoder.prepare(fresh()), fresh()
+    worst = 0.0
+    for t in range(steps):
+        tok = mx.array([(7919 * (t + 1)) % weights.vocab], mx.int32)
+        a = decoder.step(sa, tok)
+        b = ref.step(sb, tok)
+        if head is not None:
+            a, b = head(a), head(b)
+        mx.eval(a, b)
+        worst = max(worst, rel_err(a, b))
+    return worst
+
+
+def _build(model, mode: str):
+    w = stacked_weights(model)
+    if mode == "reference":
+        return ReferenceDecoder(w)
+    from .gpu import FusedDecoder, MegakernelDecoder
+
+    return (MegakernelDecoder if mode == "megakernel" else FusedDecoder)(w)
+
+
+def decoder_for(model, mode: Optional[str] = None):
+    """The decoder object of `mode` for `model` (None for the plain path). Explicit GPU modes raise
+    MetalgenError where they cannot run; "auto" falls back to plain quietly (say why with
+    kernels_metal.set_verbose(True))."""
+    mode = mode or _default
+    _check_mode(mode)
+    if mode == "plain":
+        return None
+    backend = K.backend()
+    if mode == "auto":
+        # Measured on the H200 (docs/decode.md): the megakernel is correct but its grid barrier
+        # is slow in generation and the fused path is launch-bound, so neither beats plain yet.
+        if backend == "cpu" or not AUTO_GPU:
+            return None
+        mode = "megakernel" if backend == "cuda" else "fused"
+        explicit = False
+    else:
+        explicit = True
+    if mode in ("fused", "megakernel") and backend == "cpu":
+        raise MetalgenError(f"the {mode} decode path needs a GPU backend (this is {backend})")
+    if mode == "megakernel" and backend != "cuda":
+        raise MetalgenError("the megakernel decode path runs on the CUDA backend only")
+    reason = unsupported_reason(model)
+    if reason:
+        if explicit:
+            raise MetalgenError(f"the {mode} decode path cannot run this model: {reason}")
+        return None
+    entry = _entry(model)
+    key = ("decoder", mode)
+    if key not in entry:
+        try:
+            dec = _build(model, mode)
+            if mode != "reference":
+                err = self_check(dec, entry["weights"], head=model.logits)
+                if not err <= CHECK_RTOL:
+                    raise RuntimeError(f"self-check failed: relative error {err:.3g} > {CHECK_RTOL}")
+            entry[key] = dec
+        except Exception as e:  # noqa: BLE001 - a fast path that fails is not used
+            entry[key] = None
+            if K.verbose() or explicit:
+                print(f"[metalgen.decode] {mode} path unavailable ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200] if str(e) else ''}); using the plain path",
+                      file=sys.stderr)
+    return entry[key]
+
+
+def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = None
+              ) -> Optional[Callable[[mx.array], mx.array]]:
+    """After the plain prefill has filled `cache` with `length` positions: a function
+    `step(token (1,) int32) -> logits (1, vocab)` on the chosen path, or None for the plain path.
+    Copies the cache once into the stacked layout (capacity for `max_tokens` more)."""
+    dec = decoder_for(model, mode)
+    if dec is None:
+        return None
+    w = dec.w
+    capacity = min(((length + max_tokens + 255) // 256) * 256, w.rope_table.max_positions)
+    state = dec.prepare(stacked_cache(w, cache, length, capacity))
+
+    def step(token: mx.array) -> mx.array:
+        return model.logits(dec.step(state, token))
+
+    step.decoder = dec
+    step.state = state
+    return step

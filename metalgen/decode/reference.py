@@ -1,0 +1,67 @@
+"""The stacked-weight decode algorithm in plain MLX ops (through kernels_metal's functions).
+
+It runs on every backend, CPU included, and proves the stacking and cache indexing that the
+fused and megakernel paths rely on against the model's own plain path; it is also the oracle of
+the GPU paths' self-check. One token per call; many MLX operations per token (it is not fast).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import kernels_metal as K
+
+from .stacked import DecodeState, StackedWeights
+
+
+class ReferenceDecoder:
+    name = "reference"
+
+    def __init__(self, weights: StackedWeights):
+        self.w = weights
+
+    def prepare(self, state: DecodeState) -> DecodeState:
+        return state
+
+    def step(self, state: DecodeState, token: Optional[mx.array] = None,
+             embedding: Optional[mx.array] = None) -> mx.array:
+        """Run one token (token id (1,) int32, or an embedding (H,) / (1, H)) at `state.pos` and
+        return the final-norm hidden state (1, H). Advances state.pos."""
+        w = self.w
+        H, Hq, Hkv, D, eps = w.hidden, w.heads, w.kv_heads, w.head_dim, w.eps
+        QD, KD = w.q_dim, w.kv_dim
+        pos = state.pos
+        if pos >= state.capacity:
+            raise ValueError(f"decode position {pos} is past the cache capacity {state.capacity}")
+        if embedding is None:
+            h = w.embed[token.reshape(-1)[:1]]
+        else:
+            h = embedding.reshape(1, H).astype(w.dtype)
+        h = h.reshape(1, 1, H)
+        table = w.rope_table
+        for l in range(w.layers):
+            x = K.rms_norm(h, w.norms[l, 0], eps)
+            qkv = K.linear(x, w.wqkv[l], w.bqkv[l] if w.has_bias else None)
+            q = qkv[..., :QD].reshape(1, 1, Hq, D)
+            k = qkv[..., QD:QD + KD].reshape(1, 1, Hkv, D)
+            v = qkv[..., QD + KD:].reshape(1, 1, Hkv, D)
+            if w.qk_norm:
+                q = K.rms_norm(q, w.qkn[l, 0], eps)
+                k = K.rms_norm(k, w.qkn[l, 1], eps)
+            q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+            q = K.rope(q, table, pos)
+            k = K.rope(k, table, pos)
+            state.kc[l, :, pos:pos + 1, :] = k[0]
+            state.vc[l, :, pos:pos + 1, :] = v[0]
+            o = K.decode_attention(q, state.kc[l:l + 1], state.vc[l:l + 1], pos + 1, D**-0.5)
+            o = o.transpose(0, 2, 1, 3).reshape(1, 1, QD)
+            h = h + K.linear(o, w.wo[l])
+            x = K.rms_norm(h, w.norms[l, 1], eps)
+            g = K.linear(x, w.wgu[l, 0])
+            u = K.linear(x, w.wgu[l, 1])
+            h = h + K.linear(nn.silu(g) * u, w.wd[l])
+        state.pos = pos + 1
+        return K.rms_norm(h, w.fnorm, eps).reshape(1, H)

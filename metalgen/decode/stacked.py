@@ -1,0 +1,168 @@
+"""Per-layer weights of a loaded CausalLM stacked into a few big arrays, once per model.
+
+The fused and megakernel decode paths take every layer's weights as a handful of inputs:
+wqkv (L, QKV, H) (q, k, v rows concatenated), bqkv (L, QKV), qkn (L, 2, D) (q_norm, k_norm),
+wo (L, H, Hq*D), wgu (L, 2, I, H) (gate, up), wd (L, H, I), norms (L, 2, H) (input and
+post-attention norms), plus the embedding, the final norm and the RoPE table.
+
+`stack_weights(model, rebind=True)` then points the model's own per-layer parameters at views
+of the stacked arrays, so the plain path (prefill) and the stacked paths share one copy of the
+weights and memory does not double.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import mlx.core as mx
+
+from ..models.layers import QuantizedLinear
+
+
+@dataclasses.dataclass
+class StackedWeights:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    eps: float
+    has_bias: bool
+    qk_norm: bool
+    dtype: mx.Dtype
+    embed: mx.array
+    wqkv: mx.array
+    bqkv: mx.array
+    qkn: mx.array
+    wo: mx.array
+    wgu: mx.array
+    wd: mx.array
+    norms: mx.array
+    fnorm: mx.array
+    rope_table: object  # kernels_metal RopeTable (cos, sin, max_positions)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.q_dim + 2 * self.kv_dim
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.embed, self.wqkv, self.bqkv, self.qkn, self.wo, self.wgu, self.wd, self.norms,
+                  self.fnorm)
+        return sum(a.nbytes for a in arrays)
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Why the stacked paths cannot run this model (None if they can)."""
+    layers = model.model.layers
+    if not layers:
+        return "the model has no layers"
+    for layer in layers:
+        for lin in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj):
+            if isinstance(lin, QuantizedLinear):
+                return "quantized weights (the stacked paths are dense only)"
+    if "lm_head" in model and isinstance(model.lm_head, QuantizedLinear):
+        return "a quantized LM head"
+    if isinstance(model.model.embed_tokens, mx.array):  # pragma: no cover - defensive
+        return "an unexpected embedding"
+    return None
+
+
+def stack_weights(model, rebind: bool = True) -> StackedWeights:
+    """Stack the per-layer weights of `model` (see the module doc)."""
+    reason = unsupported_reason(model)
+    if reason:
+        raise ValueError(f"cannot stack this model's weights: {reason}")
+    spec = model.spec
+    layers = model.model.layers
+    attn0 = layers[0].self_attn
+    H, L = spec.hidden_size, len(layers)
+    Hq, Hkv, D = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
+    QD, KD = Hq * D, Hkv * D
+    has_bias = "bias" in attn0.q_proj
+    qk_norm = "q_norm" in attn0
+    dtype = attn0.q_proj.weight.dtype
+
+    def stk(f):
+        return mx.stack([f(layer) for layer in layers])
+
+    wqkv = stk(lambda y: mx.concatenate([y.self_attn.q_proj.weight, y.self_attn.k_proj.weight,
+                                         y.self_attn.v_proj.weight], axis=0))
+    bqkv = (stk(lambda y: mx.concatenate([y.self_attn.q_proj.bias, y.self_attn.k_proj.bias,
+                                          y.self_attn.v_proj.bias])) if has_bias else mx.zeros((1,), dtype))
+    qkn = (stk(lambda y: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]))
+           if qk_norm else mx.zeros((1,), dtype))
+    wo = stk(lambda y: y.self_attn.o_proj.weight)
+    wgu = stk(lambda y: mx.stack([y.mlp.gate_proj.weight, y.mlp.up_proj.weight]))
+    wd = stk(lambda y: y.mlp.down_proj.weight)
+    norms = stk(lambda y: mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]))
+    arrays = [wqkv, bqkv, qkn, wo, wgu, wd, norms]
+    mx.eval(arrays)
+    if rebind:
+        views = []
+        for l, layer in enumerate(layers):
+            a, m = layer.self_attn, layer.mlp
+            a.q_proj["weight"] = wqkv[l, :QD]
+            a.k_proj["weight"] = wqkv[l, QD:QD + KD]
+            a.v_proj["weight"] = wqkv[l, QD + KD:]
+            if has_bias:
+                a.q_proj["bias"] = bqkv[l, :QD]
+                a.k_proj["bias"] = bqkv[l, QD:QD + KD]
+                a.v_proj["bias"] = bqkv[l, QD + KD:]
+            if qk_norm:
+                a.q_norm["weight"] = qkn[l, 0]
+                a.k_norm["weight"] = qkn[l, 1]
+            a.o_proj["weight"] = wo[l]
+            m.gate_proj["weight"] = wgu[l, 0]
+            m.up_proj["weight"] = wgu[l, 1]
+            m.down_proj["weight"] = wd[l]
+            layer.input_layernorm["weight"] = norms[l, 0]
+            layer.post_attention_layernorm["weight"] = norms[l, 1]
+            views += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+                      m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight]
+        mx.eval(views)
+    return StackedWeights(
+        hidden=H, layers=L, heads=Hq, kv_heads=Hkv, head_dim=D, inter=spec.intermediate_size,
+        vocab=spec.vocab_size, eps=float(spec.rms_norm_eps), has_bias=has_bias, qk_norm=qk_norm,
+        dtype=dtype, embed=model.model.embed_tokens.weight, wqkv=wqkv, bqkv=bqkv, qkn=qkn, wo=wo,
+        wgu=wgu, wd=wd, norms=norms, fnorm=model.model.norm.weight, rope_table=attn0._rope.table)
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """The KV cache of one generation in the stacked layout (L, kv_heads, capacity, D), the
+    position of the next token, and the GPU paths' float32 scratch. The GPU kernels update kc, vc
+    and scratch in place."""
+
+    kc: mx.array
+    vc: mx.array
+    pos: int
+    capacity: int
+    scratch: Optional[mx.array] = None
+
+
+def stacked_cache(w: StackedWeights, cache, length: int, capacity: int) -> DecodeState:
+    """Copy the first `length` positions of per-layer KVCaches (filled by the plain prefill) into a
+    fresh stacked cache of `capacity` positions."""
+    L, Hkv, D = w.layers, w.kv_heads, w.head_dim
+    pad = capacity - length
+    out = []
+    for name in ("keys", "values"):
+        parts = [mx.stack([getattr(c, name)[0, :, :length] for c in cache])] if length else []
+        if pad:
+            parts.append(mx.zeros((L, Hkv, pad, D), w.dtype))
+        a = mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0]
+        out.append(a.astype(w.dtype))
+    mx.eval(out)
+    return DecodeState(out[0], out[1], length, capacity)
