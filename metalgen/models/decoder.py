@@ -57,7 +57,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)
         self._rope = rope
 
-    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+    def __call__(self, x: mx.array, mask=None, cache=None, position_ids=None) -> mx.array:
         B, L, _ = x.shape
         # (B, L, heads * D) -> (B, L, heads, D); per-head norms act on D before RoPE
         q = self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim)
@@ -69,8 +69,12 @@ class Attention(nn.Module):
         # -> (B, heads, L, D)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         offset = cache.offset if cache is not None else 0
-        q = self._rope(q, offset)
-        k = self._rope(k, offset)
+        if position_ids is None:
+            q = self._rope(q, offset)
+            k = self._rope(k, offset)
+        else:  # explicit positions (M-RoPE: (3, B, L)); only rope objects that take them get them
+            q = self._rope(q, offset, position_ids)
+            k = self._rope(k, offset, position_ids)
 
         if cache is None:
             o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
@@ -108,19 +112,26 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
+    def __call__(self, x: mx.array, mask=None, cache=None, position_ids=None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache, position_ids)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderModel(nn.Module):
-    """Embedding, the layer stack and the final norm: the checkpoint's `model.*` subtree."""
+    """Embedding, the layer stack and the final norm: the checkpoint's `model.*` subtree.
 
-    def __init__(self, spec: DecoderSpec):
+    `rope` replaces the plain RoPE the spec describes (the speech talker passes an M-RoPE);
+    `embed_tokens=False` leaves out the token embedding for stacks that are only ever fed
+    `input_embeddings` (the speech talker and code predictor keep their own embeddings).
+    """
+
+    def __init__(self, spec: DecoderSpec, rope=None, embed_tokens: bool = True):
         super().__init__()
         self.spec = spec
-        rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        if rope is None:
+            rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
+        if embed_tokens:
+            self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = [DecoderLayer(spec, rope) for _ in range(spec.num_hidden_layers)]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -129,14 +140,19 @@ class DecoderModel(nn.Module):
         inputs: Optional[mx.array] = None,
         cache: Optional[List[Any]] = None,
         input_embeddings: Optional[mx.array] = None,
+        position_ids: Optional[mx.array] = None,
     ) -> mx.array:
-        # inputs: (B, L) token ids, or input_embeddings: (B, L, hidden) given directly
+        # inputs: (B, L) token ids, or input_embeddings: (B, L, hidden) given directly;
+        # position_ids: only for a rope that takes explicit positions (M-RoPE: (3, B, L))
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
         mask = causal_mask_for(h.shape[1])
         if cache is None:
             cache = [None] * len(self.layers)
         for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, mask, layer_cache)
+            if position_ids is None:
+                h = layer(h, mask, layer_cache)
+            else:
+                h = layer(h, mask, layer_cache, position_ids)
         return self.norm(h)
 
 

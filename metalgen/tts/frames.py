@@ -1,0 +1,173 @@
+"""The frame loop: one talker step for codebook 0, then the code predictor for codebooks 1..G-1.
+
+Built on the model, cache and sampling APIs of the text engine (KVCache, make_sampler ->
+kernels_metal.sample). Like `generate_step`, it is double-buffered: frame n+1 (its talker
+step, codebook-0 draw and the 15 code-predictor steps) is enqueued with `mx.async_eval`
+before frame n's codes are read back, so the device never waits on the host; codebook 0 of
+a frame is the only value the loop needs on the host (to stop on the codec EOS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from ..cache import KVCache
+from ..errors import MetalgenError
+from ..sampling import make_sampler, validate_sampling
+from .prompt import Prompt
+
+
+@dataclasses.dataclass
+class SamplingConfig:
+    """The reference's defaults (qwen-tts generate_config.json); temperature 0 is greedy.
+    `sub_*` apply to the code predictor (codebooks 1..G-1)."""
+
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    sub_temperature: float = 0.9
+    sub_top_k: int = 50
+    sub_top_p: float = 1.0
+    max_frames: int = 4096
+    min_frames: int = 2
+
+    @classmethod
+    def from_generate_config(cls, config: dict, **overrides) -> "SamplingConfig":
+        """Defaults from a checkpoint's generation_config.json (do_sample false -> greedy)."""
+        c = cls()
+        if config:
+            c.temperature = float(config.get("temperature", c.temperature)) if config.get("do_sample", True) else 0.0
+            c.top_k = int(config.get("top_k", c.top_k))
+            c.top_p = float(config.get("top_p", c.top_p))
+            c.repetition_penalty = float(config.get("repetition_penalty", c.repetition_penalty))
+            if config.get("subtalker_dosample", True):
+                c.sub_temperature = float(config.get("subtalker_temperature", c.sub_temperature))
+            else:
+                c.sub_temperature = 0.0
+            c.sub_top_k = int(config.get("subtalker_top_k", c.sub_top_k))
+            c.sub_top_p = float(config.get("subtalker_top_p", c.sub_top_p))
+            c.max_frames = int(config.get("max_new_tokens", c.max_frames))
+        for k, v in overrides.items():
+            if v is not None:
+                if not hasattr(c, k):
+                    raise TypeError(f"unknown sampling option '{k}'")
+                setattr(c, k, v)
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        validate_sampling(self.temperature, self.top_k, self.top_p, 0.0)
+        validate_sampling(self.sub_temperature, self.sub_top_k, self.sub_top_p, 0.0)
+        if self.repetition_penalty <= 0:
+            raise MetalgenError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_frames < 1:
+            raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
+
+
+class FrameGenerator:
+    """Generates frames of G codes for one prompt. Iterate `frames()`; each item is an
+    (G,) int32 numpy array. Stops on the codec EOS (never returned) or after max_frames."""
+
+    def __init__(self, model, prompt: Prompt, sampling: SamplingConfig, seed: Optional[int] = None,
+                 record_logits: bool = False):
+        self.model = model
+        self.talker = model.talker
+        self.cp = model.talker.code_predictor
+        self.args = model.args.talker
+        self.prompt = prompt
+        self.sampling = sampling
+        if seed is None:
+            seed = int.from_bytes(np.random.bytes(4), "little")
+        self.sample0 = make_sampler(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
+        self.sample_sub = make_sampler(
+            sampling.sub_temperature, sampling.sub_top_k, sampling.sub_top_p, seed=(seed + 0x9E3779B9) % 2**32
+        )
+        self.groups = self.args.num_code_groups
+        vocab = self.args.vocab_size
+        eos = self.args.codec_eos_token_id
+        # Control ids (the top 1024 of the codec vocabulary) are never drawn, except the EOS.
+        mask = np.zeros((vocab,), dtype=np.float32)
+        mask[max(0, vocab - 1024):] = -np.inf
+        mask[eos] = 0.0
+        self.suppress = mx.array(mask)
+        no_eos = mask.copy()
+        no_eos[eos] = -np.inf
+        self.suppress_eos = mx.array(no_eos)
+        self.eos = eos
+        self.record = record_logits
+        self.talker_logits = []  # raw talker logits per frame (record_logits)
+        self.cp_logits = []  # raw code-predictor logits per frame, (G-1, vocab) (record_logits)
+
+    def _pick0(self, logits: mx.array, history: Optional[mx.array], step: int) -> mx.array:
+        """Codebook 0 from raw talker logits (1, V): repetition penalty over every earlier
+        codebook-0 code, suppressed control ids (and the EOS before min_frames), then the draw."""
+        logits = logits.astype(mx.float32)
+        p = self.sampling.repetition_penalty
+        if history is not None and p != 1.0:
+            picked = logits[:, history]
+            logits[:, history] = mx.where(picked < 0, picked * p, picked / p)
+        logits = logits + (self.suppress_eos if step < self.sampling.min_frames else self.suppress)
+        token, _ = self.sample0(logits)
+        return token  # (1,)
+
+    def _frame(self, last_hidden: mx.array, code0: mx.array):
+        """Codebooks 1..G-1 for one frame and the talker input of the next step (all lazy)."""
+        e0 = self.talker.codec_embed(code0[None])  # (1, 1, H)
+        cache = [KVCache(max_size=self.groups + 1) for _ in self.cp.layers]
+        logits = self.cp(mx.concatenate([last_hidden, e0], axis=1), 0, cache)
+        codes = [code0]
+        total = e0
+        recorded = []
+        for g in range(1, self.groups):
+            if self.record:
+                recorded.append(logits)
+            token, _ = self.sample_sub(logits)
+            codes.append(token)
+            e = self.cp.embed(g, token[None])
+            total = total + e
+            if g < self.groups - 1:
+                logits = self.cp(e, g, cache)
+        return mx.concatenate(codes).astype(mx.int32), total, recorded
+
+    def _step(self, logits, last_hidden, history, step, cache):
+        code0 = self._pick0(logits, history, step)
+        codes, total, recorded = self._frame(last_hidden, code0)
+        t = self.prompt.trailing
+        extra = t[:, step : step + 1] if step < t.shape[1] else self.prompt.pad
+        h = self.talker.hidden(total + extra, cache)
+        next_logits = self.talker.logits(h[:, -1, :])
+        history = code0 if history is None else mx.concatenate([history, code0])
+        return dict(code0=code0, codes=codes, logits=logits, next_logits=next_logits,
+                    hidden=h[:, -1:, :], history=history, recorded=recorded)
+
+    def frames(self) -> Iterator[np.ndarray]:
+        cache = [KVCache() for _ in self.talker.layers]
+        h = self.talker.hidden(self.prompt.embeddings, cache)
+        last = h[:, -1:, :]
+        logits = self.talker.logits(last[:, 0, :])
+        pending = self._step(logits, last, None, 0, cache)
+        mx.async_eval(pending["codes"], pending["next_logits"])
+        step = 0
+        while True:
+            cur = pending
+            if step + 1 < self.sampling.max_frames:
+                pending = self._step(cur["next_logits"], cur["hidden"], cur["history"], step + 1, cache)
+                mx.async_eval(pending["codes"], pending["next_logits"])
+            else:
+                pending = None
+            if self.record:
+                self.talker_logits.append(np.array(cur["logits"][0].astype(mx.float32)))
+                if cur["recorded"]:
+                    self.cp_logits.append(np.array(mx.concatenate(cur["recorded"]).astype(mx.float32)))
+            codes = np.array(cur["codes"])
+            if int(codes[0]) == self.eos:
+                return
+            yield codes
+            step += 1
+            if pending is None:
+                return
