@@ -14,6 +14,15 @@ from .sampling import make_logits_processors, make_sampler
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # metalgen.tts (speech) is imported on first use, so text-only users do not pay for it.
+    if name == "tts":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.tts")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "MetalgenError",
     "load",
