@@ -38,6 +38,25 @@ class DecoderSpec:
     qk_norm: bool = False
 
 
+def spec_from_args(args, **overrides) -> DecoderSpec:
+    """The DecoderSpec of any ModelArgs that carries Hugging Face's field names; `overrides`
+    state what the architecture fixes (biases, q/k norms...)."""
+    heads = args.num_attention_heads
+    spec = DecoderSpec(
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        intermediate_size=args.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=args.num_key_value_heads or heads,
+        head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
+        vocab_size=getattr(args, "vocab_size", 0),
+        rms_norm_eps=args.rms_norm_eps,
+        max_position_embeddings=args.max_position_embeddings,
+        rope=RopeConfig.from_config(dataclasses.asdict(args)),
+    )
+    return dataclasses.replace(spec, **overrides)
+
+
 class Attention(nn.Module):
     """Grouped-query attention; K/V heads are never repeated to match the query heads."""
 

@@ -6,8 +6,7 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from .base import BaseModelArgs
-from .decoder import CausalLM, DecoderSpec
-from .rope import RopeConfig
+from .decoder import CausalLM, DecoderSpec, spec_from_args
 
 
 @dataclasses.dataclass
@@ -27,18 +26,9 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = True
 
     def to_spec(self) -> DecoderSpec:
-        return DecoderSpec(
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads or self.num_attention_heads,
-            head_dim=self.hidden_size // self.num_attention_heads,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            max_position_embeddings=self.max_position_embeddings,
-            rope=RopeConfig.from_config(dataclasses.asdict(self)),
-            qkv_bias=True,
+        # head_dim is always hidden / heads here, whatever else a config carries
+        return spec_from_args(
+            self, head_dim=self.hidden_size // self.num_attention_heads, qkv_bias=True
         )
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from . import qwen2
-from .decoder import CausalLM, DecoderSpec
+from .decoder import CausalLM, DecoderSpec, spec_from_args
 
 
 @dataclasses.dataclass
@@ -18,12 +18,7 @@ class ModelArgs(qwen2.ModelArgs):
     max_position_embeddings: int = 40960
 
     def to_spec(self) -> DecoderSpec:
-        return dataclasses.replace(
-            super().to_spec(),
-            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
-            qkv_bias=self.attention_bias,
-            qk_norm=True,
-        )
+        return spec_from_args(self, qkv_bias=self.attention_bias, qk_norm=True)
 
 
 class Model(CausalLM):

@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ...errors import MetalgenError
 from ..base import BaseModelArgs
-from ..decoder import DecoderSpec
+from ..decoder import DecoderSpec, spec_from_args
 from ..rope import RopeConfig
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
@@ -42,22 +42,7 @@ class DecoderArgs(BaseModelArgs):
             raise MetalgenError("Qwen3-TTS checkpoints with attention_bias=true are not supported")
         if self.hidden_act != "silu":
             raise MetalgenError(f"Qwen3-TTS decoder activation '{self.hidden_act}' is not supported (only silu)")
-        return DecoderSpec(
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads or self.num_attention_heads,
-            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            max_position_embeddings=self.max_position_embeddings,
-            rope=RopeConfig.from_config(
-                {"rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling}
-            ),
-            qkv_bias=False,
-            qk_norm=True,
-        )
+        return spec_from_args(self, qk_norm=True)
 
 
 @dataclasses.dataclass
@@ -181,20 +166,8 @@ class SpeechDecoderArgs(BaseModelArgs):
     def to_spec(self) -> DecoderSpec:
         if self.attention_bias:
             raise MetalgenError("speech decoders with attention_bias=true are not supported")
-        return DecoderSpec(
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads or self.num_attention_heads,
-            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
-            vocab_size=0,
-            rms_norm_eps=self.rms_norm_eps,
-            max_position_embeddings=self.max_position_embeddings,
-            rope=RopeConfig(theta=float(self.rope_theta)),
-            qkv_bias=False,
-            qk_norm=False,
-        )
+        # plain RoPE from rope_theta alone, as the reference builds it
+        return spec_from_args(self, vocab_size=0, rope=RopeConfig(theta=float(self.rope_theta)))
 
     @property
     def total_upsample(self) -> int:
