@@ -105,6 +105,12 @@ def test_unknown_model_type(tmp_path):
     assert "unknown model_type 'llama9'" in msg and "qwen3" in msg
 
 
+def test_sliding_window_is_refused(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY_QWEN3, use_sliding_window=True)))
+    assert "sliding-window" in error_of(tmp_path)
+
+
 def test_missing_required_config_field(tmp_path):
     write_checkpoint(tmp_path)
     cfg = dict(TINY_QWEN3)

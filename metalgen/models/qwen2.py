@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional
 
+from ..errors import MetalgenError
 from .base import BaseModelArgs
 from .decoder import CausalLM, DecoderSpec, spec_from_args
 
@@ -24,8 +25,12 @@ class ModelArgs(BaseModelArgs):
     rope_scaling: Optional[Dict[str, Any]] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     tie_word_embeddings: bool = True
+    use_sliding_window: bool = False
 
     def to_spec(self) -> DecoderSpec:
+        if self.use_sliding_window:
+            # Released Qwen2.5/Qwen3 configs all say false; a true one would need masks we lack.
+            raise MetalgenError("sliding-window attention (use_sliding_window: true) is not supported")
         # head_dim is always hidden / heads here, whatever else a config carries
         return spec_from_args(
             self, head_dim=self.hidden_size // self.num_attention_heads, qkv_bias=True
