@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 import kernels_metal as K
 
+from ..errors import MetalgenError
 from .base import causal_mask_for
 from .layers import Linear, RMSNorm
 from .rope import RoPE, RopeConfig
@@ -41,6 +42,9 @@ class DecoderSpec:
 def spec_from_args(args, **overrides) -> DecoderSpec:
     """The DecoderSpec of any ModelArgs that carries Hugging Face's field names; `overrides`
     state what the architecture fixes (biases, q/k norms...)."""
+    if getattr(args, "use_sliding_window", False):
+        # Released Qwen2.5/Qwen3 configs all say false; a true one would need masks we lack.
+        raise MetalgenError("sliding-window attention (use_sliding_window: true) is not supported")
     heads = args.num_attention_heads
     spec = DecoderSpec(
         hidden_size=args.hidden_size,

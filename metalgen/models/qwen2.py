@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional
 
-from ..errors import MetalgenError
 from .base import BaseModelArgs
 from .decoder import CausalLM, DecoderSpec, spec_from_args
 
@@ -28,9 +27,6 @@ class ModelArgs(BaseModelArgs):
     use_sliding_window: bool = False
 
     def to_spec(self) -> DecoderSpec:
-        if self.use_sliding_window:
-            # Released Qwen2.5/Qwen3 configs all say false; a true one would need masks we lack.
-            raise MetalgenError("sliding-window attention (use_sliding_window: true) is not supported")
         # head_dim is always hidden / heads here, whatever else a config carries
         return spec_from_args(
             self, head_dim=self.hidden_size // self.num_attention_heads, qkv_bias=True
