@@ -10,7 +10,8 @@ import sys
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure prefill and decode speed",
                        description="Measure time to first token, prefill and decode tokens/s.")
-    p.add_argument("--model", default="dummy:qwen2.5-0.5b")
+    p.add_argument("--model", default=None,
+                   help="default: dummy:qwen2.5-0.5b, or dummy:qwen3-tts-0.6b with --tts")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=256)
@@ -21,6 +22,14 @@ def add_parser(sub) -> None:
                    default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
     p.add_argument("--profile", action="store_true",
                    help="also count MLX operations and host-device syncs per token (plain vs ours)")
+    t = p.add_argument_group("text to speech (--tts)")
+    t.add_argument("--tts", action="store_true",
+                   help="benchmark the Qwen3-TTS frame loop: ms per frame (talker, 15 code-predictor "
+                        "steps, speech decoder), real-time factor, time to first audio (docs/tts.md)")
+    t.add_argument("--frames", type=int, default=64, help="frames per run (80 ms each); default %(default)s")
+    t.add_argument("--chunk-frames", type=int, default=12,
+                   help="streamed decoder chunk in frames, as `metalgen tts --stream`; default %(default)s")
+    t.add_argument("--seed", type=int, default=0)
 
 
 def format_table(report) -> str:
@@ -46,14 +55,58 @@ def format_table(report) -> str:
     return "\n".join(lines)
 
 
+def format_tts_table(report) -> str:
+    lines = [
+        f"backend {report['backend']} ({report['device']}), {report['model']}, weights "
+        f"{report['talker_weight_gb']:.2f} GB, prompt {report['prompt_tokens']} tokens, {report['frames']} frames "
+        f"x {report['frame_audio_ms']:.0f} ms, chunks of {report['chunk_frames']} (+{report['left_context']} "
+        f"context), medians of {report['runs']} runs after a warm-up, seed {report['seed']}",
+        f"{'engine':<10} {'talker':>7} {'15xCP':>7} {'decoder':>8} {'sum':>7} | {'ms/frame':>9} "
+        f"{'RTF':>6} {'TTFA ms':>8} {'peak GB':>8}",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['engine']:<10} {r['talker_ms']:>7.2f} {r['predictor_ms']:>7.2f} {r['decoder_ms']:>8.2f} "
+            f"{r['split_total_ms']:>7.2f} | {r['frame_ms']:>9.2f} {r['rtf']:>6.2f} {r['ttfa_ms']:>8.1f} "
+            f"{r['peak_memory_gb']:>8.2f}"
+        )
+    lines.append("(talker, 15xCP, decoder, sum: ms per frame with a barrier after each part; "
+                 "ms/frame, RTF, TTFA: the streamed pipeline)")
+    if "frame_ratio" in report:
+        lines.append(f"mlx-lm / metalgen time: streamed ms/frame {report['frame_ratio']:.2f}x, "
+                     f"split sum {report['split_ratio']:.2f}x, TTFA {report['ttfa_ratio']:.2f}x")
+    return "\n".join(lines)
+
+
+def run_tts(args: argparse.Namespace) -> int:
+    import metalgen.tts
+    from ..errors import MetalgenError
+    from ..tts.bench import run_tts_bench
+
+    if args.profile or args.decode != "auto":
+        raise MetalgenError("--profile and --decode apply to text models, not --tts")
+    if args.frames < 2 or args.runs < 1 or args.chunk_frames < 1:
+        raise MetalgenError("need --frames >= 2, --runs >= 1 and --chunk-frames >= 1")
+    tts = metalgen.tts.load(args.model or "dummy:qwen3-tts-0.6b", dtype=args.dtype)
+    report = run_tts_bench(tts, frames=args.frames, runs=args.runs, compare=args.compare, seed=args.seed,
+                           chunk_frames=args.chunk_frames)
+    print(format_tts_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.tts:
+        return run_tts(args)
     from ..api import load
     from ..bench import run_bench
 
-    model, _ = load(args.model, dtype=args.dtype)
+    model, _ = load(args.model or "dummy:qwen2.5-0.5b", dtype=args.dtype)
     report = run_bench(model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                        runs=args.runs, compare=args.compare, decode=args.decode, profile=args.profile)
-    report["model"] = args.model
+    report["model"] = args.model or "dummy:qwen2.5-0.5b"
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as f:
