@@ -2,6 +2,9 @@
 teacher-forced steps, logits within 2e-2 relative at every step), then benchmark against mlx-lm.
 
     PYTHONPATH=. python benchmarks/decode_check.py [shape ...]   # logs under $OUT (or /tmp)
+
+DECODE_MODES=megakernel (default megakernel,fused) checks and benches only those paths;
+DECODE_LONG=0 skips the prompt-2048 bench (to fit a short lease).
 """
 
 import json
@@ -20,6 +23,8 @@ from metalgen.decode.gpu import grid_blocks
 
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = sys.argv[1:] or ["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b"]
+MODES = os.environ.get("DECODE_MODES", "megakernel,fused").split(",")
+LONG = os.environ.get("DECODE_LONG", "1") != "0"
 
 
 def log(*a):
@@ -38,7 +43,7 @@ def main():
         model, _ = load(f"dummy:{shape}")
         mx.eval(model.parameters())
         log(f"== {shape} loaded in {time.time() - tic:.1f}s")
-        for mode in ("megakernel", "fused"):
+        for mode in MODES:
             try:
                 tic = time.time()
                 log(mode, "path:", decode_path_name(model, mode), f"({time.time() - tic:.1f}s)")
@@ -53,6 +58,8 @@ def main():
                 ("megakernel", "mlx-lm", 128, 256, 3, True),
                 ("fused", None, 128, 256, 1, False),
                 ("megakernel", "mlx-lm", 2048, 8, 2, False)):
+            if decode not in MODES or (prompt > 128 and not LONG):
+                continue
             try:
                 rep = run_bench(model, prompt_tokens=prompt, gen_tokens=gen, runs=runs, compare=compare,
                                 decode=decode, profile=prof)
@@ -62,7 +69,7 @@ def main():
             except Exception:
                 log(traceback.format_exc())
         summary.append(rec)
-        with open(os.path.join(OUT, "decode_check.json"), "w") as f:
+        with open(os.path.join(OUT, f"decode_check_{'_'.join(SHAPES)}.json"), "w") as f:
             json.dump(summary, f, indent=1)
         del model
         mx.clear_cache()

@@ -55,7 +55,7 @@ def test_modes_on_cpu(qwen3):
 def test_megakernel_cuda_text():
     spec = S.CUDA_ONLY_SPECS["decode_megakernel"]
     text = S.header(spec, "cuda") + S.body(spec, "cuda")
-    assert "mg_grid_barrier(sync" in text and "#define MG_GRID 1" in text
+    assert "mg_grid_barrier(bar)" in text and "#define MG_GRID 1" in text
     for pat in (r"threadgroup", r"\bsimd_", r"metal::", r"const device"):
         assert not re.search(pat, text)
 
@@ -82,3 +82,29 @@ def test_gpu_paths_match_plain(shape, mode):
     model = load(f"dummy:{shape}")[0]
     errs = step_errors(model, mode, prompt_tokens=128, steps=256)
     assert max(errs) < 2e-2
+
+
+def test_flip_barrier_arithmetic():
+    # mg_grid_barrier (cuda.h): the word starts at 0 and every complete barrier adds exactly 2^31,
+    # so it alternates 0 / 2^31 and is never reset. Block 0 adds 2^31 - (n - 1), the others 1: in
+    # any arrival order the top bit flips only once all n have arrived.
+    for start in (0, 0x80000000):
+        for n in (1, 2, 3, 132, 264):
+            for first in {0, n // 2, n - 1}:
+                w = start
+                olds = []
+                for b in list(range(first, n)) + list(range(first)):
+                    olds.append(w)
+                    w = (w + (0x80000000 - (n - 1) if b == 0 else 1)) & 0xFFFFFFFF
+                    if len(olds) < n:  # not everyone has arrived: nobody may pass yet
+                        assert all(((w ^ o) & 0x80000000) == 0 for o in olds)
+                assert all(((w ^ o) & 0x80000000) != 0 for o in olds)
+                assert w == (start ^ 0x80000000)
+
+
+def test_auto_lists_only_checked_shapes():
+    from metalgen.decode.path import AUTO_GPU, auto_shape_key
+
+    assert "metal" not in AUTO_GPU
+    for shape in ("qwen2.5-0.5b", "qwen3-0.6b"):
+        assert auto_shape_key(load(f"dummy:{shape}")[0]) in AUTO_GPU["cuda"]

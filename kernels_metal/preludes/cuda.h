@@ -96,9 +96,50 @@ MG_FN mg_f2 mg_unpack2<__half>(uint32_t u) {
 #define MG_HAS_GRID_BARRIER 1
 
 // All blocks of the grid must be co-resident (MLX launches without cooperative groups): the
-// caller keeps the grid at most (SM count x blocks per SM). `counter` starts at 0 each launch
-// (init_value=0); the k-th barrier of a launch waits until it reaches k * gridDim.x.
-MG_FN void mg_grid_barrier(unsigned int* counter, unsigned int target) {
+// caller keeps the grid at most (SM count x blocks per SM).
+//
+// `bar` is one 32-bit word in a large, device-only buffer that the host never reads (the decode
+// scratch; not a small MLX output: MLX's CUDA allocator puts allocations of <= 8 bytes in a
+// managed pool advised read-mostly, shared with the sampled tokens that the host reads, so every
+// atomic there faulted: ~5 us per block per barrier, measured). It is zeroed once and never reset
+// (it must hold 0 or 0x80000000 between barriers: it alternates between the two).
+// Arrival flips its top bit: block 0 adds 0x80000000 - (gridDim.x - 1), every other block adds 1,
+// so a complete barrier adds exactly 0x80000000 and leaves the low bits as they were. Each block
+// waits until the top bit differs from the value it saw at arrival. No target or base is needed,
+// so launches stay correct in whatever order the host builds them (they run one after another on
+// the stream). One thread per block arrives (release: __threadfence) and polls with ld.acquire.gpu
+// and a short __nanosleep back-off.
+MG_FN unsigned int mg_load_acquire_u32(const unsigned int* p) {
+  unsigned int v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+  v = *((const volatile unsigned int*)p);
+#endif
+  return v;
+}
+
+MG_FN void mg_grid_barrier(unsigned int* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int inc = (blockIdx.x == 0) ? (0x80000000u - (gridDim.x - 1u)) : 1u;
+    __threadfence();
+    const unsigned int old = atomicAdd(bar, inc);
+    unsigned int ns = 8u;
+    while (((mg_load_acquire_u32(bar) ^ old) & 0x80000000u) == 0u) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+      __nanosleep(ns);
+      if (ns < 64u) ns <<= 1;
+#endif
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// The old barrier (a counter zeroed by each launch, k-th barrier waits for k * gridDim.x), kept
+// for benchmarks/decode_barrier_probe.py only.
+MG_FN void mg_grid_barrier_counting(unsigned int* counter, unsigned int target) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();

@@ -3,8 +3,9 @@
 Both run kernels_metal/bodies/decode_layer.body on the stacked weights:
 
 * `MegakernelDecoder` (CUDA only): one launch per token runs every layer and the final norm, the
-  groups meeting at a grid barrier (an atomic counter in a zero-initialized output) between the
-  5 phases of each layer. The grid is kept co-resident: at most `blocks_per_sm` groups of 256
+  groups meeting at a grid barrier between the 5 phases of each layer. The barrier's word lives in
+  the scratch (zeroed once, never reset: each barrier flips its top bit, cuda.h), not in a small
+  output: MLX puts <= 8-byte arrays in a read-mostly managed pool where every atomic faulted. The grid is kept co-resident: at most `blocks_per_sm` groups of 256
   threads per multiprocessor (the kernel uses ~72 registers and <= 48 KB of shared memory, so 3
   fit; we use 2).
 * `FusedDecoder` (Metal and CUDA): the same body, one launch per phase (5 per layer + 1): norm
@@ -93,7 +94,11 @@ class _GpuDecoder:
         self.sk = (sk + 255) // 256 * 256
         self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
                          ("BIAS", bool(w.has_bias)), ("SK", self.sk)]
-        self.scratch_size = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
+        work = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
+        # the megakernel's grid-barrier word: alone on a 128-byte line after the work area, zeroed
+        # with the scratch and never reset (kernels_metal/preludes/cuda.h, mg_grid_barrier)
+        self.barrier_offset = (work + 31) // 32 * 32
+        self.scratch_size = self.barrier_offset + 32
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
         self.no_tok = mx.zeros((1,), mx.int32)
@@ -115,7 +120,9 @@ class _GpuDecoder:
         w = self.w
         ns, chunk = self.splits(state.pos + 1)
         return mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
-                         use_emb, s_begin, s_end, ns, chunk, self.blocks], mx.int32)
+                         use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset], mx.int32)
+
+    init_value = 0
 
     def _launch(self, state, tok, emb, params, dep):
         w = self.w
@@ -124,7 +131,7 @@ class _GpuDecoder:
             inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
                     table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep],
             template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
-            output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=0)
+            output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
 
     def _inputs(self, state, token, embedding):
         w = self.w
@@ -144,6 +151,7 @@ class _GpuDecoder:
 class MegakernelDecoder(_GpuDecoder):
     kernel_name = "decode_megakernel"
     name = "megakernel"
+    init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)

@@ -2,8 +2,9 @@
 
 Modes: "plain" (the model's own MLX path, per-layer caches), "reference" (stacked weights, plain
 MLX ops: a check, not a speed-up), "fused" (decode_layer, one launch per phase), "megakernel"
-(CUDA: one launch per token), "auto" (megakernel on CUDA, fused on Metal, each only once it has
-passed its self-check on this model; plain on the CPU and whenever the fast path cannot run).
+(CUDA: one launch per token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it
+was measured faster than plain, once it has passed its self-check on this model; plain on the CPU,
+on Metal, for other shapes and whenever the fast path cannot run).
 """
 
 from __future__ import annotations
@@ -24,9 +25,33 @@ MODES = ("auto", "plain", "fused", "megakernel", "reference")
 # bf16 noise on random-weight models is ~1.7% (plain bf16 vs float32 logits, qwen2.5-0.5b shape);
 # two bf16 paths that round in different places differ by ~2-3% (docs/decode.md)
 CHECK_RTOL = 6e-2
-AUTO_GPU = False  # "auto" picks the stacked GPU paths only once they beat plain (docs/decode.md)
+# "auto" picks a stacked GPU path only on the backends and shapes where it was measured faster than
+# plain AND passed the 256-step check against plain (relative 2e-2 at every step), docs/decode.md.
+# Shape key: (hidden, layers, intermediate, heads, kv_heads, head_dim, qk_norm, qkv_bias).
+# H200, MLX 0.32.4, bf16: megakernel 800 vs mlx-lm 160 tok/s (qwen2.5-0.5b, max err 0.0197) and
+# 647 vs 262 (qwen3-0.6b, 0.0135). Not listed: qwen3-4b (227 vs 191 tok/s, faster, but its 256-step
+# error vs plain bf16 was 0.044, above 2e-2, with its own bf16 noise floor not yet measured), the
+# fused path (slower than plain: launch-bound).
+AUTO_GPU = {
+    "cuda": {
+        (896, 24, 4864, 14, 2, 64, False, True),  # qwen2.5-0.5b
+        (1024, 28, 3072, 16, 8, 128, True, False),  # qwen3-0.6b
+    },
+}
 _default = "auto"
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
+
+
+def auto_shape_key(model) -> Optional[tuple]:
+    """The key that AUTO_GPU lists shapes by (None if the model has no decoder spec)."""
+    sp = getattr(model, "spec", None)
+    if sp is None:
+        return None
+    try:
+        return (sp.hidden_size, sp.num_hidden_layers, sp.intermediate_size, sp.num_attention_heads,
+                sp.num_key_value_heads, sp.head_dim, bool(sp.qk_norm), bool(sp.qkv_bias))
+    except AttributeError:
+        return None
 
 
 def set_default_mode(mode: str) -> None:
@@ -114,9 +139,8 @@ def decoder_for(model, mode: Optional[str] = None):
         return None
     backend = K.backend()
     if mode == "auto":
-        # Measured on the H200 (docs/decode.md): the megakernel is correct but its grid barrier
-        # is slow in generation and the fused path is launch-bound, so neither beats plain yet.
-        if backend == "cpu" or not AUTO_GPU:
+        # only where measured faster and checked (AUTO_GPU above); the start-up self-check still runs
+        if backend == "cpu" or auto_shape_key(model) not in AUTO_GPU.get(backend, ()):
             return None
         mode = "megakernel" if backend == "cuda" else "fused"
         explicit = False
