@@ -45,6 +45,7 @@ def stream(
     seed: Optional[int] = None,
     stop: Sequence[str] = (),
     prefill_step_size: int = 512,
+    decode: Optional[str] = None,
     tracer=None,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a `GenerationResponse` per token as it is made.
@@ -52,7 +53,8 @@ def stream(
     `prompt` is a string (encoded as is), a list of token ids, or a list of chat messages
     (rendered with the tokenizer's chat template). Sampling is greedy at temperature 0;
     `seed` makes sampled output reproducible. Generation stops at an EOS token, at any
-    string in `stop`, or after `max_tokens`.
+    string in `stop`, or after `max_tokens`. `decode` picks the decode path after prefill
+    ("auto", "plain", "fused", "megakernel"; docs/decode.md); None means "auto".
     """
     ids = encode_prompt(tokenizer, prompt)
     sampler = make_sampler(temperature, top_k, top_p, min_p, seed)
@@ -67,6 +69,7 @@ def stream(
         logits_processors=processors,
         stop_strings=stop,
         prefill_step_size=prefill_step_size,
+        decode=decode,
         **extra,
     )
 

@@ -85,9 +85,6 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError("--prefill-step-size must be >= 1")
     if args.verbose:
         kernels_metal.set_verbose(True)
-    from ..decode import set_default_mode
-
-    set_default_mode(getattr(args, "decode", "auto"))
     tracer = profiling.make_tracer(args.profile)
     tic = time.perf_counter()
     with tracer.span("load", sync=True):
@@ -108,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
             repetition_context_size=args.repetition_context_size, seed=args.seed,
-            stop=args.stop, prefill_step_size=args.prefill_step_size, tracer=tracer,
+            stop=args.stop, prefill_step_size=args.prefill_step_size, decode=args.decode,
+            tracer=tracer,
         ):
             if last.text:
                 out.write(last.text)
