@@ -107,8 +107,13 @@ SPECS = {
         _spec("sample", "sample", ["logits", "fparams", "iparams", "state"], ["tok", "lp", "next_state"], ["T"],
               dtypes=[bf16, f32, i32, u32], out=[i32, f32, u32], tmpl=[bf16]),
         # the fused decode path (metalgen/decode, docs/decode.md): one launch per phase of a layer
-        _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES, [("MG_GRID", 0)],
-              ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32], tmpl=[bf16, 128, True, False, 9728]),
+        _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              tmpl=[bf16, 128, True, False, 9728]),
+        # decode v2 (split-K o_proj/down with atomic partial sums, residual folded into the next norm)
+        _spec("decode_layer_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              tmpl=[bf16, 128, True, False, 9728]),
     ]
 }
 
@@ -118,7 +123,10 @@ CUDA_ONLY_SPECS = {
     s.name: s
     for s in [
         _spec("decode_megakernel", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
-              [("MG_GRID", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              [("MG_GRID", 1), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              tmpl=[bf16, 64, False, True, 4864]),
+        _spec("decode_megakernel_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
+              [("MG_GRID", 1), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 64, False, True, 4864]),
     ]
 }
@@ -126,7 +134,7 @@ CUDA_ONLY_SPECS = {
 # the algorithms, for the "every kernel has both variants" check
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
-           "sample", "decode_layer")
+           "sample", "decode_layer", "decode_layer_v2")
 
 
 def header(spec: KernelSpec, backend: str) -> str:

@@ -94,6 +94,17 @@ MG_FN mg_f2 mg_unpack2<__half>(uint32_t u) {
 #define MG_LOAD_SHARED_U4(ptr) (*((const uint4*)(ptr)))
 #define MG_MUT(type, ptr) ((type*)(ptr))
 #define MG_HAS_GRID_BARRIER 1
+// decode v2: weights streamed through L2 without an L1 line (read once per token), and a float
+// add on global memory (the split-K partial sums of o_proj and down, summed in L2)
+MG_FN uint4 mg_load_u4_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+#define MG_LOAD_U4_STREAM(ptr) mg_load_u4_stream((const void*)(ptr))
+#define MG_DEVICE_ADD_F32(ptr, v) atomicAdd((ptr), (float)(v))
 
 // All blocks of the grid must be co-resident (MLX launches without cooperative groups): the
 // caller keeps the grid at most (SM count x blocks per SM).

@@ -67,3 +67,48 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
 // Round a float to T and back: the decode kernels round where the plain MLX path stores T.
 template <typename T>
 MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }
+
+// --- decode v2 (MG_DECODE_V 2) ----------------------------------------------------------------------
+// Partial dot of w[k0:k1] with xs[k0:k1] over one lane-group (k0, k1 multiples of 8): every lane
+// issues up to 4 independent 16-byte streaming loads before the first multiply (8 took the kernel
+// to 160 registers, which breaks 2 co-resident groups per multiprocessor). Result in every lane.
+template <typename T>
+MG_FN float mg_warp_dot_part(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t k0, uint32_t k1,
+                             uint32_t lane) {
+  float acc = 0.0f;
+  for (uint32_t kb = k0 + lane * 8u; kb < k1; kb += 1024u) {
+    mg_u4 wv[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4u; ++j) {
+      if (kb + 256u * j < k1) wv[j] = MG_LOAD_U4_STREAM(w + kb + 256u * j);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < 4u; ++j) {
+      if (kb + 256u * j < k1) acc += mg_dot8<T>(wv[j], MG_LOAD_SHARED_U4(xs + kb + 256u * j));
+    }
+  }
+  return mg_lanes_sum(acc);
+}
+
+// Split-K matrix-vector product: acc[row] += W[row, :] . xs for rows [0, N), K a multiple of 8,
+// cut into tasks (row, K slice of 256 * per elements) spread over all `nw` lane-groups of the
+// grid, `per` (1..4 loads a lane, one round trip) chosen so that there are about as many tasks as
+// lane-groups.
+// Each task adds its partial sum into acc (float, zeroed beforehand) with one atomic add.
+// metalgen/decode/reference.py (splitk_tasks) mirrors this partition.
+template <typename T>
+MG_FN void mg_splitk_gemv(const MG_DEVICE T* W, MG_SHARED_PTR const T* xs, uint32_t N, uint32_t K,
+                          MG_DEVICE float* acc, uint32_t gw, uint32_t nw, uint32_t lane) {
+  const uint32_t lanes = nw * 32u;
+  uint32_t per = (N * (K / 8u) + lanes - 1u) / lanes;
+  per = per < 1u ? 1u : (per > 4u ? 4u : per);
+  const uint32_t kt = 256u * per;
+  const uint32_t nk = (K + kt - 1u) / kt;
+  for (uint32_t t = gw; t < N * nk; t += nw) {
+    const uint32_t row = t / nk;
+    const uint32_t k0 = (t - row * nk) * kt;
+    const uint32_t k1 = k0 + kt < K ? k0 + kt : K;
+    const float p = mg_warp_dot_part<T>(W + (size_t)row * (size_t)K, xs, k0, k1, lane);
+    if (lane == 0) MG_DEVICE_ADD_F32(acc + row, p);
+  }
+}

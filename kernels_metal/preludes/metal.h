@@ -77,3 +77,15 @@ MG_FN mg_f2 mg_unpack2<half>(uint32_t u) {
 #define MG_LOAD_SHARED_U4(ptr) (*((const threadgroup uint4*)(ptr)))
 #define MG_MUT(type, ptr) ((device type*)(ptr))
 #define MG_HAS_GRID_BARRIER 0
+#define MG_LOAD_U4_STREAM(ptr) (*((const device uint4*)(ptr)))
+#define MG_DEVICE_ADD_F32(ptr, v) mg_device_add_f32((device atomic_uint*)(ptr), (float)(v))
+
+// float add on device memory by compare-and-swap (decode v2's split-K partial sums; this backend
+// runs them in the per-phase path, where the next launch reads the sums)
+MG_FN void mg_device_add_f32(device atomic_uint* p, float v) {
+  uint old = atomic_load_explicit(p, metal::memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(
+      p, &old, as_type<uint>(as_type<float>(old) + v), metal::memory_order_relaxed,
+      metal::memory_order_relaxed)) {
+  }
+}

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from ..decode.modes import DECODE_MODES
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure prefill and decode speed",
@@ -18,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up; medians")
     p.add_argument("--compare", choices=["mlx-lm"], default=None)
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the figures here")
-    p.add_argument("--decode", choices=["auto", "plain", "fused", "megakernel", "reference"],
+    p.add_argument("--decode", choices=DECODE_MODES,
                    default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
     p.add_argument("--profile", action="store_true",
                    help="also count MLX operations and host-device syncs per token (plain vs ours)")

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from ..decode.modes import DECODE_MODES
 from ..errors import MetalgenError
 
 
@@ -39,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-step-size", type=int, default=512)
     p.add_argument("--profile", metavar="TRACE.jsonl", default=None,
                    help="write a JSONL trace of every phase and step")
-    p.add_argument("--decode", choices=["auto", "plain", "fused", "megakernel", "reference"],
+    p.add_argument("--decode", choices=DECODE_MODES,
                    default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
     p.add_argument("--verbose", action="store_true", help="report backend, load time, kernel choices")
 

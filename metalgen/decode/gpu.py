@@ -16,11 +16,14 @@ The KV cache (stacked layout) and a float32 scratch are inputs that the kernel u
 every launch of a token runs on the one stream, after the previous token's sampler (its input),
 so nothing else touches them meanwhile. The runtime layer count and the token-or-embedding input
 let the same compiled kernel serve any decoder of the same head dim and flags.
+
+`version` 1 is the body as measured in run 4; version 2 (MG_DECODE_V 2, docs/decode.md) does
+o_proj and down as split-K tasks over every lane-group with atomic partial sums, folds the residual
+add into the next phase's norm, and keeps more loads in flight. Both compile from the same body.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import mlx.core as mx
@@ -36,10 +39,7 @@ _KERNELS = {}
 
 
 def multiprocessors() -> Optional[int]:
-    """The GPU's multiprocessor count, if MLX or the environment says it."""
-    env = os.environ.get("METALGEN_SM_COUNT")
-    if env:
-        return int(env)
+    """The GPU's multiprocessor count, if MLX says it."""
     try:
         info = mx.device_info()
     except Exception:  # noqa: BLE001
@@ -53,10 +53,13 @@ def multiprocessors() -> Optional[int]:
     return None
 
 
+# Benchmarks set this to sweep the megakernel's grid; None sizes it from the multiprocessors.
+GRID_BLOCKS: Optional[int] = None
+
+
 def grid_blocks(blocks_per_sm: int = 2) -> int:
-    env = os.environ.get("METALGEN_DECODE_BLOCKS")
-    if env:
-        return int(env)
+    if GRID_BLOCKS:
+        return int(GRID_BLOCKS)
     sms = multiprocessors()
     # unknown GPU: 32 groups are co-resident on anything with >= 16 multiprocessors
     return blocks_per_sm * sms if sms else 32
@@ -76,12 +79,23 @@ def _kernel(name: str):
     return k
 
 
-class _GpuDecoder:
-    kernel_name = ""
-    name = ""
+VERSIONS = (1, 2)
 
-    def __init__(self, weights: StackedWeights, blocks: Optional[int] = None):
+
+class _GpuDecoder:
+    base_kernel = ""
+    base_name = ""
+
+    def __init__(self, weights: StackedWeights, blocks: Optional[int] = None, version: int = 1):
         w = weights
+        if version not in VERSIONS:
+            raise ValueError(f"decode kernel version {version} (choose from {VERSIONS})")
+        if version == 2 and w.head_dim > 128:
+            # past 128 registers: 2 groups per multiprocessor no longer fit (the grid barrier needs them)
+            raise ValueError("decode kernel version 2 needs head_dim <= 128")
+        self.version = version
+        self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "")
+        self.name = self.base_name + ("_v2" if version == 2 else "")
         if w.dtype not in (mx.bfloat16, mx.float16):
             raise ValueError(f"the {self.name} path needs bfloat16 or float16 weights, not {w.dtype}")
         if w.head_dim % 64 or w.head_dim > 256 or w.hidden % 8 or w.inter % 8 or w.heads % w.kv_heads:
@@ -95,6 +109,10 @@ class _GpuDecoder:
         self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
                          ("BIAS", bool(w.has_bias)), ("SK", self.sk)]
         work = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
+        # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
+        # zeroed between their uses); allocated for both versions
+        self.v2_offset = (work + 31) // 32 * 32
+        work = self.v2_offset + 3 * w.hidden
         # the megakernel's grid-barrier word: alone on a 128-byte line after the work area, zeroed
         # with the scratch and never reset (kernels_metal/preludes/cuda.h, mg_grid_barrier)
         self.barrier_offset = (work + 31) // 32 * 32
@@ -120,7 +138,8 @@ class _GpuDecoder:
         w = self.w
         ns, chunk = self.splits(state.pos + 1)
         return mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
-                         use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset], mx.int32)
+                         use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset,
+                         self.v2_offset], mx.int32)
 
     init_value = 0
 
@@ -149,8 +168,8 @@ class _GpuDecoder:
 
 
 class MegakernelDecoder(_GpuDecoder):
-    kernel_name = "decode_megakernel"
-    name = "megakernel"
+    base_kernel = "decode_megakernel"
+    base_name = "megakernel"
     init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
@@ -162,8 +181,8 @@ class MegakernelDecoder(_GpuDecoder):
 
 
 class FusedDecoder(_GpuDecoder):
-    kernel_name = "decode_layer"
-    name = "fused"
+    base_kernel = "decode_layer"
+    base_name = "fused"
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)

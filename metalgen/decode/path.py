@@ -5,6 +5,11 @@ MLX ops: a check, not a speed-up), "fused" (decode_layer, one launch per phase),
 (CUDA: one launch per token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it
 was measured faster than plain, once it has passed its self-check on this model; plain on the CPU,
 on Metal, for other shapes and whenever the fast path cannot run).
+
+Kernel versions (docs/decode.md): "megakernel" and "fused" (and "auto") run version 2 of the body
+where `prefer_v2` says so (the shapes in AUTO_V2; the `*_v1`/`*_v2` modes pin one) and it passes
+its self-check, else version 1; "megakernel_v1" / "megakernel_v2" / "fused_v2" pin a version (no
+fallback, for the benchmarks).
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import mlx.core as mx
 import kernels_metal as K
 
 from ..errors import MetalgenError
+from .modes import DECODE_MODES
 from .reference import ReferenceDecoder
 from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache, unsupported_reason
 
-MODES = ("auto", "plain", "fused", "megakernel", "reference")
+MODES = DECODE_MODES
 # bf16 noise on random-weight models is ~1.7% (plain bf16 vs float32 logits, qwen2.5-0.5b shape);
 # two bf16 paths that round in different places differ by ~2-3% (docs/decode.md)
 CHECK_RTOL = 6e-2
@@ -38,6 +44,13 @@ AUTO_GPU = {
         (1024, 28, 3072, 16, 8, 128, True, False),  # qwen3-0.6b
     },
 }
+# Shapes (AUTO_GPU's key) where version 2 of the decode body is tried first (then version 1 if its
+# self-check fails). Empty: on the H200 (benchmarks/decode_h200_final.txt) version 2 measured
+# within run-to-run noise of version 1 (820 vs 793 tok/s on qwen2.5-0.5b, 654 vs 643 on
+# qwen3-0.6b, 226 vs 228 on qwen3-4b), and its qwen2.5-0.5b error vs plain was 0.0208 (v1 0.0197).
+AUTO_V2 = {
+    "cuda": set(),
+}
 _default = "auto"
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
 
@@ -52,6 +65,11 @@ def auto_shape_key(model) -> Optional[tuple]:
                 sp.num_key_value_heads, sp.head_dim, bool(sp.qk_norm), bool(sp.qkv_bias))
     except AttributeError:
         return None
+
+
+def prefer_v2(model, backend: str) -> bool:
+    """Whether "auto" / "megakernel" / "fused" try version 2 of the decode body first."""
+    return auto_shape_key(model) in AUTO_V2.get(backend, ())
 
 
 def set_default_mode(mode: str) -> None:
@@ -120,13 +138,21 @@ def self_check(decoder, weights: StackedWeights, steps: int = 3, head=None) -> f
     return worst
 
 
-def _build(model, mode: str):
+def _build(model, mode: str, version: int = 1):
     w = stacked_weights(model)
     if mode == "reference":
-        return ReferenceDecoder(w)
+        return ReferenceDecoder(w, split_k=version == 2)
     from .gpu import FusedDecoder, MegakernelDecoder
 
-    return (MegakernelDecoder if mode == "megakernel" else FusedDecoder)(w)
+    return (MegakernelDecoder if mode == "megakernel" else FusedDecoder)(w, version=version)
+
+
+def _split_mode(mode: str):
+    """"megakernel_v2" -> ("megakernel", 2); "fused" -> ("fused", None) (version by prefer_v2)."""
+    for v in (1, 2):
+        if mode.endswith(f"_v{v}"):
+            return mode[:-3], v
+    return mode, None
 
 
 def decoder_for(model, mode: Optional[str] = None):
@@ -146,9 +172,10 @@ def decoder_for(model, mode: Optional[str] = None):
         explicit = False
     else:
         explicit = True
-    if mode in ("fused", "megakernel") and backend == "cpu":
+    base, pinned = _split_mode(mode)
+    if base in ("fused", "megakernel") and backend == "cpu":
         raise MetalgenError(f"the {mode} decode path needs a GPU backend (this is {backend})")
-    if mode == "megakernel" and backend != "cuda":
+    if base == "megakernel" and backend != "cuda":
         raise MetalgenError("the megakernel decode path runs on the CUDA backend only")
     reason = unsupported_reason(model)
     if reason:
@@ -156,21 +183,28 @@ def decoder_for(model, mode: Optional[str] = None):
             raise MetalgenError(f"the {mode} decode path cannot run this model: {reason}")
         return None
     entry = _entry(model)
-    key = ("decoder", mode)
+    if pinned is not None or base == "reference":
+        versions = [pinned or 1]
+    else:
+        versions = [2, 1] if prefer_v2(model, backend) else [1]
+    key = ("decoder", base, tuple(versions))
     if key not in entry:
-        try:
-            dec = _build(model, mode)
-            if mode != "reference":
-                err = self_check(dec, entry["weights"], head=model.logits)
-                if not err <= CHECK_RTOL:
-                    raise RuntimeError(f"self-check failed: relative error {err:.3g} > {CHECK_RTOL}")
-            entry[key] = dec
-        except Exception as e:  # noqa: BLE001 - a fast path that fails is not used
-            entry[key] = None
-            if K.verbose() or explicit:
-                print(f"[metalgen.decode] {mode} path unavailable ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0][:200] if str(e) else ''}); using the plain path",
-                      file=sys.stderr)
+        entry[key] = None
+        for i, version in enumerate(versions):
+            try:
+                dec = _build(model, base, version)
+                if base != "reference":
+                    err = self_check(dec, entry["weights"], head=model.logits)
+                    if not err <= CHECK_RTOL:
+                        raise RuntimeError(f"self-check failed: relative error {err:.3g} > {CHECK_RTOL}")
+                entry[key] = dec
+                break
+            except Exception as e:  # noqa: BLE001 - a fast path that fails is not used
+                last = i == len(versions) - 1
+                if K.verbose() or explicit:
+                    print(f"[metalgen.decode] {base} path version {version} unavailable ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''}); using "
+                          f"{'the plain path' if last else f'version {versions[i + 1]}'}", file=sys.stderr)
     return entry[key]
 
 

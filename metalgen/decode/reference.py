@@ -3,11 +3,15 @@
 It runs on every backend, CPU included, and proves the stacking and cache indexing that the
 fused and megakernel paths rely on against the model's own plain path; it is also the oracle of
 the GPU paths' self-check. One token per call; many MLX operations per token (it is not fast).
+
+`split_k=True` ("reference_v2") follows version 2 of the kernel body: o_proj and down as float32 sums
+of K-slice partial products cut exactly as `mg_splitk_gemv` cuts them (`splitk_tasks`), rounded
+once, the residual added afterwards; it proves that restructuring on the CPU.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,11 +21,38 @@ import kernels_metal as K
 from .stacked import DecodeState, StackedWeights
 
 
+GRID_WARPS = 264 * 8  # the megakernel's lane-groups on an H100/H200 (2 groups of 8 per multiprocessor)
+
+
+def splitk_tasks(N: int, K: int, nw: int = GRID_WARPS) -> Tuple[int, List[Tuple[int, int]]]:
+    """The K slices [k0, k1) of every row in kernels_metal/preludes/decode.h mg_splitk_gemv
+    (per = clamp(ceil(N*K/8 / (32 nw)), 1, 4) loads a lane, slices of 256 * per), and the task count."""
+    lanes = nw * 32
+    per = min(4, max(1, -(-(N * (K // 8)) // lanes)))
+    kt = 256 * per
+    nk = -(-K // kt)
+    return N * nk, [(i * kt, min(K, (i + 1) * kt)) for i in range(nk)]
+
+
+def splitk_linear(x: mx.array, w: mx.array, nw: int = GRID_WARPS) -> mx.array:
+    """x @ w.T as float32 partial sums over the kernel's K slices, rounded once to w.dtype."""
+    _, slices = splitk_tasks(w.shape[0], w.shape[1], nw)
+    xf, wf = x.astype(mx.float32), w.astype(mx.float32)
+    acc = None
+    for k0, k1 in slices:
+        p = xf[..., k0:k1] @ wf[:, k0:k1].T
+        acc = p if acc is None else acc + p
+    return acc.astype(w.dtype)
+
+
 class ReferenceDecoder:
     name = "reference"
 
-    def __init__(self, weights: StackedWeights):
+    def __init__(self, weights: StackedWeights, split_k: bool = False):
         self.w = weights
+        self.split_k = split_k
+        if split_k:
+            self.name = "reference_v2"
 
     def prepare(self, state: DecodeState) -> DecodeState:
         return state
@@ -58,10 +89,11 @@ class ReferenceDecoder:
             state.vc[l, :, pos:pos + 1, :] = v[0]
             o = K.decode_attention(q, state.kc[l:l + 1], state.vc[l:l + 1], pos + 1, D**-0.5)
             o = o.transpose(0, 2, 1, 3).reshape(1, 1, QD)
-            h = h + K.linear(o, w.wo[l])
+            h = h + (splitk_linear(o, w.wo[l]) if self.split_k else K.linear(o, w.wo[l]))
             x = K.rms_norm(h, w.norms[l, 1], eps)
             g = K.linear(x, w.wgu[l, 0])
             u = K.linear(x, w.wgu[l, 1])
-            h = h + K.linear(nn.silu(g) * u, w.wd[l])
+            a = nn.silu(g) * u
+            h = h + (splitk_linear(a, w.wd[l]) if self.split_k else K.linear(a, w.wd[l]))
         state.pos = pos + 1
         return K.rms_norm(h, w.fnorm, eps).reshape(1, H)
