@@ -21,6 +21,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def ours():
+    """The shipped Qwen3 tokenizer, loaded once for the whole test session (it is 11 MB)."""
+    from tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(ASSET_TOKENIZER)
+
+
 def copy_tokenizer(folder: Path) -> None:
     """Put the real Qwen tokenizer files into a checkpoint folder."""
     for name in ("tokenizer.json", "tokenizer_config.json"):

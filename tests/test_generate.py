@@ -12,7 +12,6 @@ import mlx.core as mx
 import metalgen
 from metalgen import MetalgenError
 from metalgen.generate import generate_step, stream_generate
-from metalgen.sampling import make_sampler
 from profiling import Tracer
 
 

@@ -14,15 +14,12 @@ from tokenizer import Tokenizer
 from tokenizer.bpe import BytePairEncoder
 from tokenizer.pretokenize import BYTE_TO_CHAR, _barrier_regex
 
+from conftest import ASSET_TOKENIZER
+
 hf_tokenizers = pytest.importorskip("tokenizers")
 
 BARRIERS = _barrier_regex()
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
-
-
-@pytest.fixture(scope="module")
-def ours() -> Tokenizer:
-    return Tokenizer.from_pretrained(ASSETS)
+ASSETS = str(ASSET_TOKENIZER)
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,9 @@ import pytest
 from tokenizer import Tokenizer
 from tokenizer.chat_template import CHATML_TEMPLATE
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+from conftest import ASSET_TOKENIZER
 
-
-@pytest.fixture(scope="module")
-def ours() -> Tokenizer:
-    return Tokenizer.from_pretrained(ASSETS)
+ASSETS = str(ASSET_TOKENIZER)
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,14 @@ import pytest
 from tokenizer import AddedToken, Tokenizer
 from tokenizer.pretokenize import BYTE_TO_CHAR
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+from conftest import ASSET_TOKENIZER
+
+ASSETS = str(ASSET_TOKENIZER)
 
 
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_pretrained(ASSETS)
+@pytest.fixture
+def tok(ours) -> Tokenizer:
+    return ours
 
 
 def test_sizes(tok):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,12 +9,14 @@ from hypothesis import strategies as st
 
 from tokenizer import StreamingDetokenizer, Tokenizer, TokenizerError
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+from conftest import ASSET_TOKENIZER
+
+ASSETS = str(ASSET_TOKENIZER)
 
 
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_pretrained(ASSETS)
+@pytest.fixture
+def tok(ours) -> Tokenizer:
+    return ours
 
 
 def _stream(tok, ids, **kw):

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from tokenizer import Tokenizer, TokenizerError
 from tokenizer.pretokenize import BYTE_TO_CHAR
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+from conftest import ASSET_TOKENIZER
+
+ASSETS = str(ASSET_TOKENIZER)
 
 
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_pretrained(ASSETS)
+@pytest.fixture
+def tok(ours) -> Tokenizer:
+    return ours
 
 
 def _raises(match, fn, *args):

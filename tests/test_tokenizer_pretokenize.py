@@ -9,6 +9,7 @@ import unicodedata
 import pytest
 import regex
 
+from conftest import ASSET_TOKENIZER
 from tokenizer.pretokenize import (
     BYTE_TO_CHAR,
     CHAR_TO_BYTE,
@@ -23,7 +24,7 @@ from tokenizer.pretokenize import (
 
 hf_tokenizers = pytest.importorskip("tokenizers")
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metalgen", "assets", "qwen3-tokenizer")
+ASSETS = str(ASSET_TOKENIZER)
 
 
 @pytest.fixture(scope="module")
