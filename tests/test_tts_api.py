@@ -162,6 +162,24 @@ def test_cli_writes_wav(tmp_path, capsys):
     assert "first audio after" in capsys.readouterr().err
 
 
+def test_text_input_mode_reaches_the_prompt(tmp_path):
+    """--text-input whole|streamed picks the prompt layout; whole is the CustomVoice default."""
+    from metalgen.cli import main
+
+    def run(*extra):
+        out = tmp_path / f"{len(extra)}{'-'.join(extra)}.wav"
+        rc = main(["tts", "--model", "dummy:qwen3-tts-tiny", "--text", "Hello there, friend.",
+                   "--speaker", "vivian", "--language", "english", "--temp", "0", "--sub-temp", "0",
+                   "--seed", "1", "--max-frames", "6",
+                   "--out", str(out), *extra])
+        assert rc == 0
+        return sf.read(str(out), dtype="float32")[0]
+
+    default, whole, streamed = run(), run("--text-input", "whole"), run("--text-input", "streamed")
+    np.testing.assert_array_equal(default, whole)
+    assert not np.array_equal(whole, streamed)
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from metalgen.cli import main
 

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sub-temp", type=float, default=None, help="code-predictor temperature (default 0.9)")
     p.add_argument("--sub-top-k", type=int, default=None, help="code-predictor top-k (default 50)")
     p.add_argument("--max-frames", type=int, default=None, help="stop after this many 80 ms frames")
+    p.add_argument("--text-input", choices=["whole", "streamed"], default=None,
+                   help="the whole text in the prompt, or streamed in beside the first frames "
+                        "(default: whole, streamed for Base models)")
     p.add_argument("--verbose", action="store_true")
 
 
@@ -73,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
                    ref_audio=args.ref_audio, ref_text=args.ref_text, seed=args.seed,
                    temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, sub_temperature=args.sub_temp,
-                   sub_top_k=args.sub_top_k, max_frames=args.max_frames)
+                   sub_top_k=args.sub_top_k, max_frames=args.max_frames,
+                   non_streaming=None if args.text_input is None else args.text_input == "whole")
     sr = model.sample_rate
     tic = time.perf_counter()
     first = None

@@ -156,12 +156,14 @@ class TTSModel:
     def synthesize(self, text: str, speaker: Optional[str] = None, language: Optional[str] = None,
                    instruct: Optional[str] = None, ref_audio: Optional[AudioInput] = None,
                    ref_text: Optional[str] = None, seed: Optional[int] = None,
-                   **sampling) -> Tuple[np.ndarray, int]:
+                   non_streaming: Optional[bool] = None, **sampling) -> Tuple[np.ndarray, int]:
         """Text -> (float32 waveform, sample rate). `sampling` overrides the checkpoint's defaults
         (temperature, top_k, top_p, repetition_penalty, sub_temperature, sub_top_k, sub_top_p,
-        max_frames); temperature=0 is greedy."""
+        max_frames); temperature=0 is greedy. `non_streaming` puts the whole text in the prompt
+        (True) or feeds it alongside the first frames (False); None takes the model type's
+        default (whole text except for Base)."""
         frames, ref_codes = self.iter_frames(text, speaker, language, instruct, ref_audio, ref_text, seed,
-                                             None, **sampling)
+                                             non_streaming, **sampling)
         codes = np.stack(frames) if frames else np.zeros((0, self.args.talker.num_code_groups), np.int32)
         if ref_codes is None:
             return self.decode(codes), self.sample_rate
@@ -173,12 +175,15 @@ class TTSModel:
     def stream(self, text: str, speaker: Optional[str] = None, language: Optional[str] = None,
                instruct: Optional[str] = None, ref_audio: Optional[AudioInput] = None,
                ref_text: Optional[str] = None, seed: Optional[int] = None, chunk_frames: int = 12,
-               left_context: int = 25, **sampling) -> Iterator[np.ndarray]:
+               left_context: int = 25, non_streaming: Optional[bool] = None,
+               **sampling) -> Iterator[np.ndarray]:
         """Yield float32 audio chunks while frames are generated: every `chunk_frames` frames
-        are decoded with `left_context` frames of history (the reference's chunked decode)."""
+        are decoded with `left_context` frames of history (the reference's chunked decode).
+        `non_streaming` as in `synthesize`."""
         from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
-        prompt, ref_codes = self.prepare(text, speaker, language, instruct, ref_audio, ref_text)
+        prompt, ref_codes = self.prepare(text, speaker, language, instruct, ref_audio, ref_text,
+                                         non_streaming)
         gen = FrameGenerator(self.model, prompt, self.sampling(**sampling), seed=seed)
         dec = StreamingDecoder(self.speech.decoder, chunk_frames, left_context)
         if ref_codes is not None:
