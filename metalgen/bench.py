@@ -124,27 +124,20 @@ def ops_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8) -
 
 def syncs_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8, gen_tokens: int = 16
                     ) -> float:
-    """Host-device synchronizations per generated token after the first, from a trace."""
-    import os
-    import tempfile
+    """Host-device synchronizations per generated token, counted by profiling's own summary of
+    an in-memory trace of one generation."""
+    import io
+    import json
 
     import profiling
 
-    fd, path = tempfile.mkstemp(suffix=".jsonl")
-    os.close(fd)
-    try:
-        tracer = profiling.make_tracer(path)
-        prompt = mx.arange(1, prompt_tokens + 1).astype(mx.int32)
-        for _ in generate_step(prompt, model, max_tokens=gen_tokens, tracer=tracer, decode=decode):
-            pass
-        tracer.close()
-        events = [e for e in profiling.read_events(path) if e.get("phase") not in (None, "meta")]
-    finally:
-        os.unlink(path)
-    # events after the first readback belong to decoding
-    first = next(i for i, e in enumerate(events) if e.get("phase") == "readback")
-    later = events[first + 1:]
-    return sum(1 for e in later if e.get("sync")) / max(1, gen_tokens - 1)
+    buf = io.StringIO()
+    tracer = profiling.Tracer(buf, memory=False)
+    prompt = mx.arange(1, prompt_tokens + 1).astype(mx.int32)
+    for _ in generate_step(prompt, model, max_tokens=gen_tokens, tracer=tracer, decode=decode):
+        pass
+    events = [json.loads(line) for line in buf.getvalue().splitlines()]
+    return profiling.summarize_events(events)["syncs_per_token"]
 
 
 def mlx_lm_twin(model):
