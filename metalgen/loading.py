@@ -190,18 +190,24 @@ def cast_weights(weights: Dict[str, mx.array], dtype: Optional[mx.Dtype]) -> Dic
     return {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
 
 
+def load_weights_strict(module: nn.Module, folder: Path, dtype=None, quantization=None) -> None:
+    """Read a folder's safetensors into `module`: sanitized by the module, quantized layers
+    swapped in where `quantization` (an MLX config entry) says, every tensor checked, floating
+    weights cast to `dtype`, then evaluated."""
+    weights, source = read_weights(folder)
+    weights = module.sanitize(weights)
+    if quantization is not None:
+        apply_quantization(module, quantization, weights)
+    check_weights(module, weights, source, folder)
+    module.load_weights(list(cast_weights(weights, parse_dtype(dtype)).items()), strict=True)
+    module.eval()
+    mx.eval(module.parameters())
+
+
 def load_model(folder: Path, config: Dict[str, Any], dtype=None) -> nn.Module:
     """Build the model a folder's config describes and load its weights strictly."""
     model = build_model(config)
-    weights, source = read_weights(folder)
-    weights = model.sanitize(weights)
-    quant = quantization_of(config)
-    if quant is not None:
-        apply_quantization(model, quant, weights)
-    check_weights(model, weights, source, folder)
-    model.load_weights(list(cast_weights(weights, parse_dtype(dtype)).items()), strict=True)
-    model.eval()
-    mx.eval(model.parameters())
+    load_weights_strict(model, folder, dtype, quantization_of(config))
     return model
 
 

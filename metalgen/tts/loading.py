@@ -19,24 +19,13 @@ import mlx.core as mx
 
 from ..errors import MetalgenError
 from ..loading import (
-    cast_weights,
-    check_weights,
     load_tokenizer,
+    load_weights_strict,
     parse_dtype,
     read_json,
-    read_weights,
     resolve_model_path,
 )
 from ..models.qwen3_tts import Model, SpeechTokenizer, SpeechTokenizerArgs, TTSArgs
-
-
-def _load_strict(module, folder: Path, dtype) -> None:
-    weights, source = read_weights(folder)
-    weights = module.sanitize(weights)
-    check_weights(module, weights, source, folder)
-    module.load_weights(list(cast_weights(weights, dtype).items()), strict=True)
-    module.eval()
-    mx.eval(module.parameters())
 
 
 def load_parts(folder: Path, dtype=None, with_encoder: Optional[bool] = None):
@@ -45,7 +34,7 @@ def load_parts(folder: Path, dtype=None, with_encoder: Optional[bool] = None):
     args = TTSArgs.from_dict(config)
     dtype = parse_dtype(dtype)
     model = Model(args)
-    _load_strict(model, folder, dtype)
+    load_weights_strict(model, folder, dtype)
 
     st_folder = folder / "speech_tokenizer"
     if not (st_folder / "config.json").exists():
@@ -55,7 +44,7 @@ def load_parts(folder: Path, dtype=None, with_encoder: Optional[bool] = None):
         with_encoder = args.tts_model_type == "base"
     speech = SpeechTokenizer(st_args, with_encoder=with_encoder)
     # The speech decoder runs in float32 unless asked otherwise: its output is audio.
-    _load_strict(speech, st_folder, dtype if dtype is not None else mx.float32)
+    load_weights_strict(speech, st_folder, dtype if dtype is not None else mx.float32)
 
     gen_path = folder / "generation_config.json"
     generate_config = read_json(gen_path, "generation_config.json") if gen_path.exists() else {}
