@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import MetalgenError
+from ..sampling import make_repetition_penalty
 from .frames import FrameGenerator, SamplingConfig
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the speech engine reads it aloud."
@@ -123,6 +124,9 @@ class MlxLmTwin:
         self.tts = tts
         self.prompt = prompt
         self.sampling = sampling
+        # the same penalty arithmetic as our frame loop (mlx-lm's keeps only a 20-token window)
+        self.penalize = (make_repetition_penalty(sampling.repetition_penalty, sampling.max_frames)
+                         if sampling.repetition_penalty != 1.0 else None)
         talker = tts.model.talker
         cp = talker.code_predictor
         self.talker_lm = self._twin(qwen3, talker.args, talker.model, talker.model.codec_embedding.weight,
@@ -182,10 +186,8 @@ class MlxLmTwin:
 
     def _pick0(self, logits, history):
         logits = logits.astype(mx.float32)
-        p = self.sampling.repetition_penalty
-        if history is not None and p != 1.0:
-            picked = logits[:, history]
-            logits[:, history] = mx.where(picked < 0, picked * p, picked / p)
+        if history is not None and self.penalize is not None:
+            logits = self.penalize(history, logits)
         return self._draw(self.sample0, logits + self.suppress).astype(mx.int32)  # (1,)
 
     def _frame(self, last_hidden, code0):

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..cache import KVCache
 from ..errors import MetalgenError
-from ..sampling import make_sampler, validate_sampling
+from ..sampling import make_repetition_penalty, make_sampler, validate_sampling
 from .prompt import Prompt
 
 
@@ -87,6 +87,9 @@ class FrameGenerator:
         self.sample_sub = make_sampler(
             sampling.sub_temperature, sampling.sub_top_k, sampling.sub_top_p, seed=(seed + 0x9E3779B9) % 2**32
         )
+        # The reference penalizes every earlier codebook-0 code: a window as long as the output.
+        self.penalize = (make_repetition_penalty(sampling.repetition_penalty, sampling.max_frames)
+                         if sampling.repetition_penalty != 1.0 else None)
         self.groups = self.args.num_code_groups
         vocab = self.args.vocab_size
         eos = self.args.codec_eos_token_id
@@ -107,10 +110,8 @@ class FrameGenerator:
         """Codebook 0 from raw talker logits (1, V): repetition penalty over every earlier
         codebook-0 code, suppressed control ids (and the EOS before min_frames), then the draw."""
         logits = logits.astype(mx.float32)
-        p = self.sampling.repetition_penalty
-        if history is not None and p != 1.0:
-            picked = logits[:, history]
-            logits[:, history] = mx.where(picked < 0, picked * p, picked / p)
+        if history is not None and self.penalize is not None:
+            logits = self.penalize(history, logits)
         logits = logits + (self.suppress_eos if step < self.sampling.min_frames else self.suppress)
         token, _ = self.sample0(logits)
         return token  # (1,)
