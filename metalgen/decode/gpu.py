@@ -35,6 +35,7 @@ from .stacked import DecodeState, StackedWeights
 
 THREADS = 256
 MIN_CHUNK = 64  # attention positions per (head, split) item at least
+PARAM_CACHE_MAX_CAPACITY = 64
 _KERNELS = {}
 
 
@@ -122,6 +123,7 @@ class _GpuDecoder:
         self.no_tok = mx.zeros((1,), mx.int32)
         self.no_dep = mx.zeros((1,), mx.uint32)
         mx.eval(self.fparams, self.no_emb, self.no_tok, self.no_dep)
+        self._param_cache = {}
 
     def prepare(self, state: DecodeState) -> DecodeState:
         if state.scratch is None:
@@ -135,13 +137,28 @@ class _GpuDecoder:
         return -(-length // chunk), chunk
 
     def _params(self, state, use_emb, s_begin, s_end):
+        key = (state.pos, state.capacity, use_emb, s_begin, s_end)
+        hit = self._param_cache.get(key)
+        if hit is not None:
+            return hit
         w = self.w
         ns, chunk = self.splits(state.pos + 1)
-        return mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
-                         use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset,
-                         self.v2_offset], mx.int32)
+        p = mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
+                      use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset,
+                      self.v2_offset], mx.int32)
+        # Short caches (the speech code predictor's 16 positions, every frame) reuse their
+        # parameter arrays: a fresh host array per launch is a host-to-device copy each time.
+        if state.capacity <= PARAM_CACHE_MAX_CAPACITY:
+            self._param_cache[key] = p
+        return p
 
     init_value = 0
+
+    def _dep(self, state: DecodeState) -> mx.array:
+        """The previous launch on this state, as an input: the kernels update the KV cache in
+        place, so a step whose output nobody reads (the code predictor's first position) must
+        still run before the next one. MLX sees the order only through this edge."""
+        return self.no_dep if state.dep is None else state.dep
 
     def _launch(self, state, tok, emb, params, dep):
         w = self.w
@@ -161,6 +178,8 @@ class _GpuDecoder:
             raise ValueError(f"decode position {pos} is past the RoPE table")
         self.prepare(state)
         if embedding is None:
+            if not w.vocab:
+                raise ValueError("this stack has no token embedding: pass an embedding")
             if token.dtype != mx.int32 or token.shape != (1,):
                 token = token.reshape(-1)[:1].astype(mx.int32)
             return token, self.no_emb, 0
@@ -175,7 +194,7 @@ class MegakernelDecoder(_GpuDecoder):
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)
         params = self._params(state, use_emb, 0, 5 * self.w.layers + 1)
-        out, _ = self._launch(state, tok, emb, params, self.no_dep)
+        out, state.dep = self._launch(state, tok, emb, params, self._dep(state))
         state.pos += 1
         return out.reshape(1, -1)
 
@@ -186,9 +205,10 @@ class FusedDecoder(_GpuDecoder):
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)
-        dep = self.no_dep
+        dep = self._dep(state)
         out = None
         for s in range(5 * self.w.layers + 1):
             out, dep = self._launch(state, tok, emb, self._params(state, use_emb, s, s + 1), dep)
+        state.dep = dep
         state.pos += 1
         return out.reshape(1, -1)

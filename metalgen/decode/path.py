@@ -127,10 +127,17 @@ def self_check(decoder, weights: StackedWeights, steps: int = 3, head=None) -> f
 
     sa, sb = decoder.prepare(fresh()), fresh()
     worst = 0.0
+    embeds = None
+    if not weights.vocab:  # a stack fed embeddings only: seeded embedding-sized inputs
+        embeds = mx.random.normal((steps, weights.hidden), key=mx.random.key(7919)).astype(weights.dtype)
     for t in range(steps):
-        tok = mx.array([(7919 * (t + 1)) % weights.vocab], mx.int32)
-        a = decoder.step(sa, tok)
-        b = ref.step(sb, tok)
+        if embeds is None:
+            tok = mx.array([(7919 * (t + 1)) % weights.vocab], mx.int32)
+            a = decoder.step(sa, tok)
+            b = ref.step(sb, tok)
+        else:
+            a = decoder.step(sa, embedding=embeds[t])
+            b = ref.step(sb, embedding=embeds[t])
         if head is not None:
             a, b = head(a), head(b)
         mx.eval(a, b)
@@ -155,10 +162,12 @@ def _split_mode(mode: str):
     return mode, None
 
 
-def decoder_for(model, mode: Optional[str] = None):
-    """The decoder object of `mode` for `model` (None for the plain path). Explicit GPU modes raise
-    MetalgenError where they cannot run; "auto" falls back to plain quietly (say why with
-    kernels_metal.set_verbose(True))."""
+def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[str, set]] = None):
+    """The decoder object of `mode` for `model` (None for the plain path). `model` is a CausalLM,
+    or a bare DecoderModel that is fed embeddings (the speech talker and code predictor).
+    Explicit GPU modes raise MetalgenError where they cannot run; "auto" falls back to plain
+    quietly (say why with kernels_metal.set_verbose(True)). `auto_shapes` replaces AUTO_GPU as
+    the list of shapes "auto" takes a fast path for (the speech stacks keep their own)."""
     mode = mode or _default
     _check_mode(mode)
     if mode == "plain":
@@ -166,7 +175,8 @@ def decoder_for(model, mode: Optional[str] = None):
     backend = K.backend()
     if mode == "auto":
         # only where measured faster and checked (AUTO_GPU above); the start-up self-check still runs
-        if backend == "cpu" or auto_shape_key(model) not in AUTO_GPU.get(backend, ()):
+        shapes = AUTO_GPU if auto_shapes is None else auto_shapes
+        if backend == "cpu" or auto_shape_key(model) not in shapes.get(backend, ()):
             return None
         mode = "megakernel" if backend == "cuda" else "fused"
         explicit = False
@@ -194,7 +204,7 @@ def decoder_for(model, mode: Optional[str] = None):
             try:
                 dec = _build(model, base, version)
                 if base != "reference":
-                    err = self_check(dec, entry["weights"], head=model.logits)
+                    err = self_check(dec, entry["weights"], head=getattr(model, "logits", None))
                     if not err <= CHECK_RTOL:
                         raise RuntimeError(f"self-check failed: relative error {err:.3g} > {CHECK_RTOL}")
                 entry[key] = dec

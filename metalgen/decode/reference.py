@@ -68,6 +68,8 @@ class ReferenceDecoder:
         if pos >= state.capacity:
             raise ValueError(f"decode position {pos} is past the cache capacity {state.capacity}")
         if embedding is None:
+            if not w.vocab:
+                raise ValueError("this stack has no token embedding: pass an embedding")
             h = w.embed[token.reshape(-1)[:1]]
         else:
             h = embedding.reshape(1, H).astype(w.dtype)

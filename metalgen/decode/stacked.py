@@ -28,7 +28,7 @@ class StackedWeights:
     kv_heads: int
     head_dim: int
     inter: int
-    vocab: int
+    vocab: int  # 0: no token embedding (a stack fed embeddings only)
     eps: float
     has_bias: bool
     qk_norm: bool
@@ -63,9 +63,15 @@ class StackedWeights:
         return sum(a.nbytes for a in arrays)
 
 
+def _stack_of(model):
+    """The layer stack (a DecoderModel) of a CausalLM, or the DecoderModel itself."""
+    return model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
+
+
 def unsupported_reason(model) -> Optional[str]:
-    """Why the stacked paths cannot run this model (None if they can)."""
-    layers = model.model.layers
+    """Why the stacked paths cannot run this model (None if they can). `model` is a CausalLM or
+    a bare DecoderModel (the speech talker and code predictor, fed embeddings)."""
+    layers = _stack_of(model).layers
     if not layers:
         return "the model has no layers"
     for layer in layers:
@@ -74,18 +80,22 @@ def unsupported_reason(model) -> Optional[str]:
                 return "quantized weights (the stacked paths are dense only)"
     if "lm_head" in model and isinstance(model.lm_head, QuantizedLinear):
         return "a quantized LM head"
-    if isinstance(model.model.embed_tokens, mx.array):  # pragma: no cover - defensive
+    embed = getattr(_stack_of(model), "embed_tokens", None)
+    if embed is not None and not hasattr(embed, "weight"):  # pragma: no cover - defensive
         return "an unexpected embedding"
     return None
 
 
 def stack_weights(model, rebind: bool = True) -> StackedWeights:
-    """Stack the per-layer weights of `model` (see the module doc)."""
+    """Stack the per-layer weights of `model` (see the module doc): a CausalLM, or a bare
+    DecoderModel without a token embedding, whose decode steps then take embeddings only (the
+    stacked `embed` is a one-row placeholder the kernels never read)."""
     reason = unsupported_reason(model)
     if reason:
         raise ValueError(f"cannot stack this model's weights: {reason}")
-    spec = model.spec
-    layers = model.model.layers
+    stack = _stack_of(model)
+    spec = stack.spec
+    layers = stack.layers
     attn0 = layers[0].self_attn
     H, L = spec.hidden_size, len(layers)
     Hq, Hkv, D = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
@@ -107,7 +117,9 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
     wgu = stk(lambda y: mx.stack([y.mlp.gate_proj.weight, y.mlp.up_proj.weight]))
     wd = stk(lambda y: y.mlp.down_proj.weight)
     norms = stk(lambda y: mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]))
-    arrays = [wqkv, bqkv, qkn, wo, wgu, wd, norms]
+    embed_tokens = getattr(stack, "embed_tokens", None)
+    embed = embed_tokens.weight if embed_tokens is not None else mx.zeros((1, H), dtype)
+    arrays = [wqkv, bqkv, qkn, wo, wgu, wd, norms, embed]
     mx.eval(arrays)
     if rebind:
         views = []
@@ -134,9 +146,9 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
         mx.eval(views)
     return StackedWeights(
         hidden=H, layers=L, heads=Hq, kv_heads=Hkv, head_dim=D, inter=spec.intermediate_size,
-        vocab=spec.vocab_size, eps=float(spec.rms_norm_eps), has_bias=has_bias, qk_norm=qk_norm,
-        dtype=dtype, embed=model.model.embed_tokens.weight, wqkv=wqkv, bqkv=bqkv, qkn=qkn, wo=wo,
-        wgu=wgu, wd=wd, norms=norms, fnorm=model.model.norm.weight, rope_table=attn0._rope.table)
+        vocab=spec.vocab_size if embed_tokens is not None else 0, eps=float(spec.rms_norm_eps),
+        has_bias=has_bias, qk_norm=qk_norm, dtype=dtype, embed=embed, wqkv=wqkv, bqkv=bqkv, qkn=qkn,
+        wo=wo, wgu=wgu, wd=wd, norms=norms, fnorm=stack.norm.weight, rope_table=attn0._rope.table)
 
 
 @dataclasses.dataclass
@@ -150,6 +162,11 @@ class DecodeState:
     pos: int
     capacity: int
     scratch: Optional[mx.array] = None
+    dep: Optional[mx.array] = None  # the GPU paths' last launch on this state (its ordering edge)
+
+    def reset(self) -> None:
+        """Start again at position 0 (the old entries are overwritten before they are read)."""
+        self.pos = 0
 
 
 def stacked_cache(w: StackedWeights, cache, length: int, capacity: int) -> DecodeState:
