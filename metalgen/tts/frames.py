@@ -69,12 +69,31 @@ class SamplingConfig:
             raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
 
 
+# Shapes (metalgen.decode.auto_shape_key) where decode "auto" runs the talker or the code
+# predictor on the CUDA decode megakernel (after its start-up self-check); plain elsewhere.
+# Measured on the H200: docs/tts.md.
+TTS_AUTO_GPU = {
+    "cuda": {
+        (1024, 28, 3072, 16, 8, 128, True, False),  # 0.6B talker
+        (2048, 28, 6144, 16, 8, 128, True, False),  # 1.7B talker
+        (1024, 5, 3072, 16, 8, 128, True, False),  # code predictor (both sizes)
+    },
+}
+
+
 class FrameGenerator:
     """Generates frames of G codes for one prompt. Iterate `frames()`; each item is an
-    (G,) int32 numpy array. Stops on the codec EOS (never returned) or after max_frames."""
+    (G,) int32 numpy array. Stops on the codec EOS (never returned) or after max_frames.
+
+    `decode` picks the path of the talker's and the code predictor's decode steps, as the text
+    engine's `generate_step` does (metalgen.decode: "auto", "plain", "reference", "megakernel",
+    ...): the prompt always goes through the plain path, whose cache is then copied once into the
+    stacked layout; the code predictor's stacked cache is reset every frame."""
 
     def __init__(self, model, prompt: Prompt, sampling: SamplingConfig, seed: Optional[int] = None,
-                 record_logits: bool = False):
+                 record_logits: bool = False, decode: Optional[str] = "auto"):
+        from ..decode import decoder_for
+
         self.model = model
         self.talker = model.talker
         self.cp = model.talker.code_predictor
@@ -105,6 +124,26 @@ class FrameGenerator:
         self.record = record_logits
         self.talker_logits = []  # raw talker logits per frame (record_logits)
         self.cp_logits = []  # raw code-predictor logits per frame, (G-1, vocab) (record_logits)
+        mode = decode or "auto"
+        self.talker_dec = decoder_for(self.talker.model, mode, TTS_AUTO_GPU)
+        self.cp_dec = decoder_for(self.cp.model, mode, TTS_AUTO_GPU)
+        self.cp_state = None
+        if self.cp_dec is not None:
+            from ..decode import DecodeState
+
+            w = self.cp_dec.w
+            # positions: the talker hidden, codebook 0, codebooks 1..G-2 (the last one is not fed)
+            cap = self.groups
+            z = mx.zeros((w.layers, w.kv_heads, cap, w.head_dim), w.dtype)
+            self.cp_state = self.cp_dec.prepare(DecodeState(z, mx.zeros_like(z), 0, cap))
+        self.talker_cache = None
+        self.talker_state = None
+
+    @property
+    def paths(self) -> dict:
+        """The decode path each stack runs on ("plain" or the decoder's name)."""
+        return {"talker": self.talker_dec.name if self.talker_dec is not None else "plain",
+                "code_predictor": self.cp_dec.name if self.cp_dec is not None else "plain"}
 
     def _pick0(self, logits: mx.array, history: Optional[mx.array], step: int) -> mx.array:
         """Codebook 0 from raw talker logits (1, V): repetition penalty over every earlier
@@ -116,11 +155,60 @@ class FrameGenerator:
         token, _ = self.sample0(logits)
         return token  # (1,)
 
-    def _frame(self, last_hidden: mx.array, code0: mx.array):
-        """Codebooks 1..G-1 for one frame and the talker input of the next step (all lazy)."""
+    # ---- the two stacks, on whichever path was picked -------------------------------------------
+    def prefill(self):
+        """The prompt through the talker (plain path): its last hidden state (1, 1, H) and
+        codec logits (1, V). Sets up the talker's cache for `talk`."""
+        cache = [KVCache() for _ in self.talker.layers]
+        h = self.talker.hidden(self.prompt.embeddings, cache)
+        last = h[:, -1:, :]
+        logits = self.talker.logits(last[:, 0, :])
+        if self.talker_dec is None:
+            self.talker_cache = cache
+        else:
+            from ..decode import stacked_cache
+
+            w = self.talker_dec.w
+            length = self.prompt.embeddings.shape[1]
+            cap = min(-(-(length + self.sampling.max_frames + 1) // 256) * 256, w.rope_table.max_positions)
+            mx.eval(last, logits)
+            self.talker_state = self.talker_dec.prepare(stacked_cache(w, cache, length, cap))
+        return last, logits
+
+    def talk(self, x: mx.array):
+        """One talker step on the input embedding x (1, 1, H): (hidden (1, 1, H), logits (1, V))."""
+        if self.talker_dec is None:
+            h = self.talker.hidden(x, self.talker_cache)[:, -1:, :]
+        else:
+            h = self.talker_dec.step(self.talker_state, embedding=x)[None]  # (1, H) -> (1, 1, H)
+        return h, self.talker.logits(h[:, 0, :])
+
+    def cp_begin(self):
+        """A fresh code-predictor cache for one frame: per-layer KVCaches on the plain path
+        (returned), the stacked state reset to position 0 on the others (None returned)."""
+        if self.cp_dec is None:
+            return [KVCache(max_size=self.groups + 1) for _ in self.cp.layers]
+        self.cp_state.reset()
+        return None
+
+    def cp_step(self, x: mx.array, g: int, cache) -> mx.array:
+        """Code-predictor head g's logits (1, vocab) after feeding x (1, L, talker hidden), with
+        the frame's `cache` from `cp_begin`."""
+        if self.cp_dec is None:
+            return self.cp(x, g, cache)
+        if "small_to_mtp_projection" in self.cp:
+            x = self.cp.small_to_mtp_projection(x)
+        h = None
+        for i in range(x.shape[1]):
+            h = self.cp_dec.step(self.cp_state, embedding=x[0, i])
+        return self.cp.lm_head[g](h)
+
+    def predict(self, last_hidden: mx.array, code0: mx.array):
+        """Codebooks 1..G-1 for one frame and the talker input of the next step (all lazy):
+        (codes (G,) int32, summed codec embeddings (1, 1, H), recorded head logits)."""
         e0 = self.talker.codec_embed(code0[None])  # (1, 1, H)
-        cache = [KVCache(max_size=self.groups + 1) for _ in self.cp.layers]
-        logits = self.cp(mx.concatenate([last_hidden, e0], axis=1), 0, cache)
+        cache = self.cp_begin()
+        logits = self.cp_step(mx.concatenate([last_hidden, e0], axis=1), 0, cache)
         codes = [code0]
         total = e0
         recorded = []
@@ -132,32 +220,32 @@ class FrameGenerator:
             e = self.cp.embed(g, token[None])
             total = total + e
             if g < self.groups - 1:
-                logits = self.cp(e, g, cache)
+                logits = self.cp_step(e, g, cache)
         return mx.concatenate(codes).astype(mx.int32), total, recorded
 
-    def _step(self, logits, last_hidden, history, step, cache):
-        code0 = self._pick0(logits, history, step)
-        codes, total, recorded = self._frame(last_hidden, code0)
+    def talker_input(self, total: mx.array, step: int) -> mx.array:
+        """The talker's input after frame `step`: its summed codec embeddings plus the next text
+        embedding (or tts_pad once the text is used up)."""
         t = self.prompt.trailing
-        extra = t[:, step : step + 1] if step < t.shape[1] else self.prompt.pad
-        h = self.talker.hidden(total + extra, cache)
-        next_logits = self.talker.logits(h[:, -1, :])
+        return total + (t[:, step : step + 1] if step < t.shape[1] else self.prompt.pad)
+
+    def _step(self, logits, last_hidden, history, step):
+        code0 = self._pick0(logits, history, step)
+        codes, total, recorded = self.predict(last_hidden, code0)
+        hidden, next_logits = self.talk(self.talker_input(total, step))
         history = code0 if history is None else mx.concatenate([history, code0])
         return dict(code0=code0, codes=codes, logits=logits, next_logits=next_logits,
-                    hidden=h[:, -1:, :], history=history, recorded=recorded)
+                    hidden=hidden, history=history, recorded=recorded)
 
     def frames(self) -> Iterator[np.ndarray]:
-        cache = [KVCache() for _ in self.talker.layers]
-        h = self.talker.hidden(self.prompt.embeddings, cache)
-        last = h[:, -1:, :]
-        logits = self.talker.logits(last[:, 0, :])
-        pending = self._step(logits, last, None, 0, cache)
+        last, logits = self.prefill()
+        pending = self._step(logits, last, None, 0)
         mx.async_eval(pending["codes"], pending["next_logits"])
         step = 0
         while True:
             cur = pending
             if step + 1 < self.sampling.max_frames:
-                pending = self._step(cur["next_logits"], cur["hidden"], cur["history"], step + 1, cache)
+                pending = self._step(cur["next_logits"], cur["hidden"], cur["history"], step + 1)
                 mx.async_eval(pending["codes"], pending["next_logits"])
             else:
                 pending = None
