@@ -53,11 +53,24 @@ def test_synthesize_returns_float32_audio(tiny):
 
 def test_stream_yields_chunks_while_generating(tiny):
     wav, _ = tiny.synthesize("Hello there.", speaker="vivian", seed=4, max_frames=10)
-    chunks = list(tiny.stream("Hello there.", speaker="vivian", seed=4, max_frames=10, chunk_frames=3))
+    chunks = list(tiny.stream("Hello there.", speaker="vivian", seed=4, max_frames=10, chunk_frames=3,
+                              first_chunk_frames=None))
     up = tiny.speech.decoder.total_upsample
     assert [c.shape[0] for c in chunks] == [3 * up, 3 * up, 3 * up, 1 * up]
     # 10 frames fit in the left context, so the chunks join into the whole decode.
     np.testing.assert_allclose(np.concatenate(chunks), wav, atol=1e-5)
+
+
+def test_stream_first_chunk_then_doubling(tiny):
+    wav, _ = tiny.synthesize("Hello there.", speaker="vivian", seed=4, max_frames=20)
+    up = tiny.speech.decoder.total_upsample
+    chunks = list(tiny.stream("Hello there.", speaker="vivian", seed=4, max_frames=20, chunk_frames=6))
+    # the default first chunk is 2 frames, then 4, then 6 (the cap) until the text runs out
+    assert [c.shape[0] // up for c in chunks] == [2, 4, 6, 6, 2]
+    np.testing.assert_allclose(np.concatenate(chunks), wav, atol=1e-5)
+    chunks = list(tiny.stream("Hello there.", speaker="vivian", seed=4, max_frames=20, chunk_frames=12,
+                              first_chunk_frames=3))
+    assert [c.shape[0] // up for c in chunks] == [3, 6, 11]
 
 
 def test_stops_on_codec_eos(tiny, monkeypatch):

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     t.add_argument("--frames", type=int, default=64, help="frames per run (80 ms each); default %(default)s")
     t.add_argument("--chunk-frames", type=int, default=12,
                    help="streamed decoder chunk in frames, as `metalgen tts --stream`; default %(default)s")
+    t.add_argument("--first-chunk-frames", type=int, default=2,
+                   help="frames in the first streamed chunk (then doubling up to --chunk-frames); "
+                        "default %(default)s")
     t.add_argument("--seed", type=int, default=0)
 
 
@@ -60,8 +63,11 @@ def format_tts_table(report) -> str:
     lines = [
         f"backend {report['backend']} ({report['device']}), {report['model']}, weights "
         f"{report['talker_weight_gb']:.2f} GB, prompt {report['prompt_tokens']} tokens, {report['frames']} frames "
-        f"x {report['frame_audio_ms']:.0f} ms, chunks of {report['chunk_frames']} (+{report['left_context']} "
-        f"context), medians of {report['runs']} runs after a warm-up, seed {report['seed']}",
+        f"x {report['frame_audio_ms']:.0f} ms, chunks of {report['first_chunk_frames']} doubling to "
+        f"{report['chunk_frames']} (+{report['left_context']} context), medians of {report['runs']} runs after a "
+        f"warm-up, seed {report['seed']}",
+        f"metalgen decode paths: talker {report['paths']['talker']}, code predictor "
+        f"{report['paths']['code_predictor']}",
         f"{'engine':<10} {'talker':>7} {'15xCP':>7} {'decoder':>8} {'sum':>7} | {'ms/frame':>9} "
         f"{'RTF':>6} {'TTFA ms':>8} {'peak GB':>8}",
     ]
@@ -84,13 +90,14 @@ def run_tts(args: argparse.Namespace) -> int:
     from ..errors import MetalgenError
     from ..tts.bench import run_tts_bench
 
-    if args.profile or args.decode != "auto":
-        raise MetalgenError("--profile and --decode apply to text models, not --tts")
-    if args.frames < 2 or args.runs < 1 or args.chunk_frames < 1:
-        raise MetalgenError("need --frames >= 2, --runs >= 1 and --chunk-frames >= 1")
+    if args.profile:
+        raise MetalgenError("--profile applies to text models, not --tts")
+    if args.frames < 2 or args.runs < 1 or args.chunk_frames < 1 or args.first_chunk_frames < 1:
+        raise MetalgenError("need --frames >= 2, --runs >= 1, --chunk-frames >= 1 and --first-chunk-frames >= 1")
     tts = metalgen.tts.load(args.model or "dummy:qwen3-tts-0.6b", dtype=args.dtype)
     report = run_tts_bench(tts, frames=args.frames, runs=args.runs, compare=args.compare, seed=args.seed,
-                           chunk_frames=args.chunk_frames)
+                           chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
+                           decode=args.decode)
     print(format_tts_table(report))
     if args.json:
         with open(args.json, "w") as f:

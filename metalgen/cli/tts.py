@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..decode.modes import DECODE_MODES
 from ..errors import MetalgenError
 
 
@@ -35,6 +36,11 @@ def add_parser(sub) -> None:
     p.add_argument("--stream", action="store_true",
                    help="decode audio in chunks while frames are generated, appending to --out as it goes")
     p.add_argument("--chunk-frames", type=int, default=12, help="frames per streamed chunk (80 ms each)")
+    p.add_argument("--first-chunk-frames", type=int, default=None,
+                   help="frames in the first streamed chunk (later chunks double up to --chunk-frames); "
+                        "default 2")
+    p.add_argument("--decode", choices=DECODE_MODES, default="auto",
+                   help="decode path of the talker and code predictor (docs/decode.md); default: %(default)s")
     p.add_argument("--temp", type=float, default=None, help="talker temperature (default 0.9; 0 is greedy)")
     p.add_argument("--top-k", type=int, default=None, help="talker top-k (default 50)")
     p.add_argument("--top-p", type=float, default=None, help="talker top-p (default 1.0)")
@@ -64,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise MetalgenError(f"the folder of --out does not exist: {out.parent}")
-    if args.chunk_frames < 1:
-        raise MetalgenError("--chunk-frames must be >= 1")
+    if args.chunk_frames < 1 or (args.first_chunk_frames is not None and args.first_chunk_frames < 1):
+        raise MetalgenError("--chunk-frames and --first-chunk-frames must be >= 1")
     tic = time.perf_counter()
     model = tts_api.load(args.model, dtype=args.dtype, revision=args.revision)
     if args.verbose:
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                    temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, sub_temperature=args.sub_temp,
                    sub_top_k=args.sub_top_k, max_frames=args.max_frames,
-                   non_streaming=None if args.text_input is None else args.text_input == "whole")
+                   non_streaming=None if args.text_input is None else args.text_input == "whole",
+                   decode=args.decode)
     sr = model.sample_rate
     tic = time.perf_counter()
     first = None
@@ -87,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         samples = 0
         try:
             with sf.SoundFile(str(out), "w", samplerate=sr, channels=1, subtype="PCM_16") as f:
-                for chunk in model.stream(text, chunk_frames=args.chunk_frames, **options):
+                first_chunk = {} if args.first_chunk_frames is None else dict(first_chunk_frames=args.first_chunk_frames)
+                for chunk in model.stream(text, chunk_frames=args.chunk_frames, **first_chunk, **options):
                     if first is None:
                         first = time.perf_counter() - tic
                     f.write(chunk)

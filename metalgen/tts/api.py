@@ -12,6 +12,9 @@ from .audio import AudioInput
 from .frames import FrameGenerator, SamplingConfig
 from .prompt import Prompt, assistant_text, build_prompt, instruct_text, ref_text as ref_text_of
 
+# The streamed pipeline's first chunk: 2 frames (160 ms of audio) keep the time to first audio
+# short; the chunks after it double up to `chunk_frames`.
+FIRST_CHUNK_FRAMES = 2
 KIND_NAMES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 
 
@@ -140,9 +143,9 @@ class TTSModel:
         return np.stack(frames) if frames else np.zeros((0, self.args.talker.num_code_groups), np.int32)
 
     def iter_frames(self, text, speaker=None, language=None, instruct=None, ref_audio=None, ref_text=None,
-                    seed=None, non_streaming=None, **sampling):
+                    seed=None, non_streaming=None, decode: Optional[str] = "auto", **sampling):
         prompt, ref_codes = self.prepare(text, speaker, language, instruct, ref_audio, ref_text, non_streaming)
-        gen = FrameGenerator(self.model, prompt, self.sampling(**sampling), seed=seed)
+        gen = FrameGenerator(self.model, prompt, self.sampling(**sampling), seed=seed, decode=decode)
         return list(gen.frames()), ref_codes
 
     def decode(self, codes: np.ndarray, chunk: int = 300, left_context: int = 25) -> np.ndarray:
@@ -176,16 +179,19 @@ class TTSModel:
                instruct: Optional[str] = None, ref_audio: Optional[AudioInput] = None,
                ref_text: Optional[str] = None, seed: Optional[int] = None, chunk_frames: int = 12,
                left_context: int = 25, non_streaming: Optional[bool] = None,
+               first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, decode: Optional[str] = "auto",
                **sampling) -> Iterator[np.ndarray]:
-        """Yield float32 audio chunks while frames are generated: every `chunk_frames` frames
-        are decoded with `left_context` frames of history (the reference's chunked decode).
-        `non_streaming` as in `synthesize`."""
+        """Yield float32 audio chunks while frames are generated: frames are decoded with
+        `left_context` frames of history (the reference's chunked decode), the first chunk after
+        `first_chunk_frames` frames (None: `chunk_frames`) and each later one twice the size of
+        the one before, up to `chunk_frames`. `non_streaming` as in `synthesize`; `decode` picks
+        the talker's and code predictor's decode path (metalgen.decode modes)."""
         from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
         prompt, ref_codes = self.prepare(text, speaker, language, instruct, ref_audio, ref_text,
                                          non_streaming)
-        gen = FrameGenerator(self.model, prompt, self.sampling(**sampling), seed=seed)
-        dec = StreamingDecoder(self.speech.decoder, chunk_frames, left_context)
+        gen = FrameGenerator(self.model, prompt, self.sampling(**sampling), seed=seed, decode=decode)
+        dec = StreamingDecoder(self.speech.decoder, chunk_frames, left_context, first_chunk_frames)
         if ref_codes is not None:
             # Decode the reference frames as history only: their audio is not emitted.
             dec.codes = mx.array(ref_codes[None].astype(np.int32))

@@ -55,47 +55,42 @@ class TTSBenchResult:
 
 
 class MetalgenEngine:
-    """Our frame loop: FrameGenerator (kernels_metal sampler, KVCache, M-RoPE talker)."""
+    """Our frame loop: FrameGenerator (kernels_metal sampler, the talker and code predictor on the
+    decode path `decode` picks: the CUDA megakernel under "auto" where TTS_AUTO_GPU lists them)."""
 
     name = "metalgen"
 
-    def __init__(self, tts, prompt, sampling: SamplingConfig):
+    def __init__(self, tts, prompt, sampling: SamplingConfig, decode: Optional[str] = "auto"):
         self.tts = tts
         self.prompt = prompt
         self.sampling = sampling
+        self.decode = decode
 
     def generator(self, seed: int):
-        return FrameGenerator(self.tts.model, self.prompt, self.sampling, seed=seed)
+        return FrameGenerator(self.tts.model, self.prompt, self.sampling, seed=seed, decode=self.decode)
 
     def frames(self, seed: int):
         return self.generator(seed).frames()
 
     def split_parts(self, seed: int):
         """(prefill, predictor, talker) closures over one generator's state."""
-        from ..cache import KVCache
-
         gen = self.generator(seed)
         st = {}
 
         def prefill():
-            st["cache"] = [KVCache() for _ in gen.talker.layers]
-            h = gen.talker.hidden(self.prompt.embeddings, st["cache"])
-            st["last"] = h[:, -1:, :]
-            st["code0"] = gen._pick0(gen.talker.logits(h[:, -1, :]), None, 0)
+            st["last"], logits = gen.prefill()
+            st["code0"] = gen._pick0(logits, None, 0)
             st["history"] = st["code0"]
             return [st["code0"], st["last"]]
 
         def predictor():
-            codes, total, _ = gen._frame(st["last"], st["code0"])
+            codes, total, _ = gen.predict(st["last"], st["code0"])
             st["total"] = total
             return codes
 
         def talker(step: int):
-            t = self.prompt.trailing
-            extra = t[:, step : step + 1] if step < t.shape[1] else self.prompt.pad
-            h = gen.talker.hidden(st["total"] + extra, st["cache"])
-            st["last"] = h[:, -1:, :]
-            st["code0"] = gen._pick0(gen.talker.logits(h[:, -1, :]), st["history"], step + 1)
+            st["last"], logits = gen.talk(gen.talker_input(st["total"], step))
+            st["code0"] = gen._pick0(logits, st["history"], step + 1)
             st["history"] = mx.concatenate([st["history"], st["code0"]])
             return [st["code0"], st["last"]]
 
@@ -266,14 +261,14 @@ class MlxLmTwin:
 # ---- timing ----------------------------------------------------------------------------------
 
 
-def streamed_run(engine, decoder, frames: int, chunk: int, seed: int):
+def streamed_run(engine, decoder, frames: int, chunk: int, seed: int, first_chunk: Optional[int] = None):
     """The real pipeline: frames -> StreamingDecoder -> audio chunks on the host.
     Returns (wall seconds, time to first audio seconds, samples, frames made)."""
     from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
     mx.synchronize()
     tic = time.perf_counter()
-    dec = StreamingDecoder(decoder, chunk, LEFT_CONTEXT)
+    dec = StreamingDecoder(decoder, chunk, LEFT_CONTEXT, first_chunk)
     first = None
     samples = made = 0
     for frame in engine.frames(seed):
@@ -292,14 +287,14 @@ def streamed_run(engine, decoder, frames: int, chunk: int, seed: int):
     return end - tic, first - tic, samples, made
 
 
-def split_run(engine, decoder, frames: int, chunk: int, seed: int):
+def split_run(engine, decoder, frames: int, chunk: int, seed: int, first_chunk: Optional[int] = None):
     """The same work with a barrier after each part: seconds (talker, predictor, decoder) over
     the run's frames (the prefill and the first codebook-0 draw are left out)."""
     from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
     prefill, predictor, talker = engine.split_parts(seed)
     mx.eval(prefill())
-    dec = StreamingDecoder(decoder, chunk, LEFT_CONTEXT)
+    dec = StreamingDecoder(decoder, chunk, LEFT_CONTEXT, first_chunk)
     t_talk = t_pred = t_dec = 0.0
     for step in range(frames):
         tic = time.perf_counter()
@@ -320,16 +315,16 @@ def split_run(engine, decoder, frames: int, chunk: int, seed: int):
     return t_talk / max(frames - 1, 1), t_pred / frames, t_dec / frames
 
 
-def time_engine(engine, decoder, frames: int, chunk: int, runs: int, seed: int, frame_s: float
-                ) -> TTSBenchResult:
+def time_engine(engine, decoder, frames: int, chunk: int, runs: int, seed: int, frame_s: float,
+                first_chunk: Optional[int] = None) -> TTSBenchResult:
     walls, ttfas, parts, peaks = [], [], [], []
     for run in range(runs + 1):
         mx.reset_peak_memory()
-        wall, ttfa, samples, made = streamed_run(engine, decoder, frames, chunk, seed)
+        wall, ttfa, samples, made = streamed_run(engine, decoder, frames, chunk, seed, first_chunk)
         if made != frames or samples != frames * decoder.total_upsample:
             raise MetalgenError(f"{engine.name}: made {made} frames / {samples} samples, "
                                 f"expected {frames} / {frames * decoder.total_upsample}")
-        split = split_run(engine, decoder, frames, chunk, seed)
+        split = split_run(engine, decoder, frames, chunk, seed, first_chunk)
         if run == 0:
             continue  # warm-up: compilation, allocation
         walls.append(wall)
@@ -346,10 +341,13 @@ def time_engine(engine, decoder, frames: int, chunk: int, runs: int, seed: int, 
 
 
 def run_tts_bench(tts, *, frames: int = 64, runs: int = 3, compare: Optional[str] = None, seed: int = 0,
-                  chunk_frames: int = 12, text: str = TEXT) -> Dict[str, object]:
+                  chunk_frames: int = 12, first_chunk_frames: int = 2, decode: Optional[str] = "auto",
+                  text: str = TEXT) -> Dict[str, object]:
     """Benchmark the TTS frame loop on `tts` (a metalgen.tts.TTSModel); compare="mlx-lm" also
-    drives it through mlx-lm's Qwen3 model on the same weights."""
-    if frames < 2 or runs < 1 or chunk_frames < 1:
+    drives it through mlx-lm's Qwen3 model on the same weights. Both engines stream with the
+    same chunk schedule (the first chunk after `first_chunk_frames`, doubling up to
+    `chunk_frames`); `decode` is metalgen's decode path for the talker and code predictor."""
+    if frames < 2 or runs < 1 or chunk_frames < 1 or first_chunk_frames < 1:
         raise MetalgenError("need --frames >= 2, --runs >= 1 and --chunk-frames >= 1")
     if compare not in (None, "mlx-lm"):
         raise MetalgenError(f"unknown comparison '{compare}' (supported: mlx-lm)")
@@ -365,14 +363,15 @@ def run_tts_bench(tts, *, frames: int = 64, runs: int = 3, compare: Optional[str
     mx.eval(prompt.embeddings, prompt.trailing, prompt.pad)
     # EOS suppressed for every frame (min_frames = frames): exactly `frames` frames a run.
     sampling = tts.sampling(max_frames=frames, min_frames=frames)
-    engines = [MetalgenEngine(tts, prompt, sampling)]
+    engines = [MetalgenEngine(tts, prompt, sampling, decode)]
     if compare == "mlx-lm":
         engines.append(MlxLmTwin(tts, prompt, sampling))
     decoder = tts.speech.decoder
     frame_s = decoder.total_upsample / tts.sample_rate
     results: List[TTSBenchResult] = [
-        time_engine(e, decoder, frames, chunk_frames, runs, seed, frame_s) for e in engines
+        time_engine(e, decoder, frames, chunk_frames, runs, seed, frame_s, first_chunk_frames) for e in engines
     ]
+    paths = engines[0].generator(seed).paths
     from mlx.utils import tree_flatten
 
     out = {
@@ -383,6 +382,8 @@ def run_tts_bench(tts, *, frames: int = 64, runs: int = 3, compare: Optional[str
         "frames": frames,
         "runs": runs,
         "chunk_frames": chunk_frames,
+        "first_chunk_frames": first_chunk_frames,
+        "paths": paths,
         "left_context": LEFT_CONTEXT,
         "frame_audio_ms": frame_s * 1e3,
         "seed": seed,
