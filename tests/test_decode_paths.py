@@ -10,7 +10,7 @@ import pytest
 from kernels_metal import source as S
 from metalgen.api import load
 from metalgen.decode import decoder_for, stacked_weights
-from metalgen.decode.check import step_errors
+from metalgen.decode.check import step_errors, step_errors_vs_float32
 from metalgen.errors import MetalgenError
 from metalgen.generate import generate_step
 
@@ -106,16 +106,57 @@ def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "qwen3-0.6b"])
-@pytest.mark.parametrize("mode", ["fused", "megakernel"])
+@pytest.mark.parametrize("shape,mode", [(s, m) for s in ("qwen2.5-0.5b", "qwen3-0.6b") for m in ("fused", "megakernel")]
+                         + [("qwen3-4b", "megakernel")])
 def test_gpu_paths_match_plain(shape, mode):
     import kernels_metal
 
     if mode == "megakernel" and kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
     model = load(f"dummy:{shape}")[0]
-    errs = step_errors(model, mode, prompt_tokens=128, steps=256)
-    assert max(errs) < 2e-2
+    vs_plain, fast32, plain32 = step_errors_vs_float32(model, mode, prompt_tokens=128, steps=256)
+    print(f"{shape} {mode}: vs plain {max(vs_plain):.4f}; vs float32 {max(fast32):.4f} (plain bf16 {max(plain32):.4f})")
+    # bf16 tolerance against plain (issue 5: relative 2e-2 at every step), or, where plain bf16's own
+    # noise is that large, no further from the float32 truth than plain bf16 is (docs/decode.md)
+    assert max(vs_plain) < 2e-2 or max(fast32) <= 1.25 * max(plain32)
+
+
+@pytest.mark.gpu
+def test_megakernel_equals_fused_bitwise():
+    # the megakernel merges a head's attention splits in phase 1 (the last split group to finish),
+    # the fused path in phase 2 (every group): the same arithmetic, so the same bits
+    import kernels_metal
+    import numpy as np
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    from metalgen.cache import make_prompt_cache
+    from metalgen.decode.path import make_step
+
+    model = load("dummy:qwen3-0.6b")[0]
+    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, 150), mx.int32)
+    steps = {}
+    for mode in ("fused", "megakernel_v1"):
+        cache = make_prompt_cache(model)
+        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+        mx.eval(logits, [c.state for c in cache])
+        steps[mode] = make_step(model, cache, 150, 64, mode)
+    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+    worst = 0.0
+    for _ in range(40):  # positions 150..189: 3 splits a head
+        a = steps["fused"](tok)
+        b = steps["megakernel_v1"](tok)
+        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
+        tok = mx.argmax(a, axis=-1).astype(mx.int32)
+    assert worst == 0.0
+
+
+def test_step_errors_vs_float32_sees_the_noise_floor(qwen3):
+    vs_plain, fast32, plain32 = step_errors_vs_float32(qwen3, "reference", prompt_tokens=9, steps=6)
+    assert len(vs_plain) == len(fast32) == len(plain32) == 6
+    assert max(vs_plain) < 1e-6  # the reference path rounds where plain does
+    assert 1e-4 < max(plain32) < 5e-2  # bf16 against float32: a real, small difference
+    assert max(abs(a - b) for a, b in zip(fast32, plain32)) < 1e-6
 
 
 def test_flip_barrier_arithmetic():
@@ -144,5 +185,15 @@ def test_auto_lists_only_checked_shapes():
     assert "metal" not in AUTO_GPU
     for be, shapes in AUTO_V2.items():
         assert shapes <= AUTO_GPU.get(be, set())
-    for shape in ("qwen2.5-0.5b", "qwen3-0.6b"):
-        assert auto_shape_key(load(f"dummy:{shape}")[0]) in AUTO_GPU["cuda"]
+    from metalgen.dummy import dummy_config
+    from metalgen.models import qwen2, qwen3
+
+    for shape in ("qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b"):
+        cfg = dummy_config(shape)
+        args = (qwen3 if cfg["model_type"] == "qwen3" else qwen2).ModelArgs.from_dict(cfg)
+
+        class Shape:  # auto_shape_key reads `spec` only (no weights: a 4B dummy takes minutes on a CPU)
+            spec = args.to_spec()
+
+        assert auto_shape_key(Shape) in AUTO_GPU["cuda"]
+    assert auto_shape_key(Shape) != auto_shape_key(load("dummy:tiny-qwen3")[0])

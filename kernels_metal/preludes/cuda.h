@@ -148,6 +148,29 @@ MG_FN void mg_grid_barrier(unsigned int* bar) {
   __syncthreads();
 }
 
+// The megakernel's split merge (decode_layer.body, phase 1): thread 0 of a group whose partial of a
+// head is written (and a block barrier passed) releases it and counts the group in; true for the last
+// of the head's `n` groups, which then sees every partial (read through L2) and merges them.
+MG_FN bool mg_arrive_last(unsigned int* count, unsigned int n) {
+  __threadfence();
+  const unsigned int old = atomicAdd(count, 1u);
+  if (old + 1u == n) {
+    __threadfence();
+    return true;
+  }
+  return false;
+}
+
+// Per-step timing of the megakernel (params[15], benchmarks/decode_phase_probe.py): the SM's cycle
+// counter for the steps and the global nanosecond timer once per launch, to convert cycles to time.
+// Low 32 bits only (the host takes differences modulo 2^32): nothing 64-bit stays live in registers.
+MG_FN unsigned int mg_cycles() { return (unsigned int)clock64(); }
+MG_FN unsigned int mg_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return (unsigned int)t;
+}
+
 // The old barrier (a counter zeroed by each launch, k-th barrier waits for k * gridDim.x), kept
 // for benchmarks/decode_barrier_probe.py only.
 MG_FN void mg_grid_barrier_counting(unsigned int* counter, unsigned int target) {

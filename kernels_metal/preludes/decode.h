@@ -19,7 +19,9 @@ MG_FN float mg_dot8(mg_u4 a, mg_u4 b) {
 }
 
 // One lane-group (32 lanes): dot(w[0:K], xs[0:K]), K a multiple of 8, xs 16-byte aligned.
-// Each lane reads 16 bytes at a time, four rows of 16 bytes in flight. Result in every lane.
+// Each lane reads 16 bytes at a time, four rows of 16 bytes in flight; the last (up to three)
+// chunks of a lane are all loaded before the first multiply too, so a row of K <= 1024 costs one
+// round trip to memory. Result in every lane.
 template <typename T>
 MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   float acc = 0.0f;
@@ -32,11 +34,20 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
     acc += mg_dot8<T>(w0, MG_LOAD_SHARED_U4(xs + k)) + mg_dot8<T>(w1, MG_LOAD_SHARED_U4(xs + k + 256u)) +
            mg_dot8<T>(w2, MG_LOAD_SHARED_U4(xs + k + 512u)) + mg_dot8<T>(w3, MG_LOAD_SHARED_U4(xs + k + 768u));
   }
-  for (; k < K; k += 256u) acc += mg_dot8<T>(MG_LOAD_U4_NC(w + k), MG_LOAD_SHARED_U4(xs + k));
+  mg_u4 r[3];
+#pragma unroll
+  for (uint32_t j = 0; j < 3u; ++j) {
+    if (k + 256u * j < K) r[j] = MG_LOAD_U4_NC(w + k + 256u * j);
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < 3u; ++j) {
+    if (k + 256u * j < K) acc += mg_dot8<T>(r[j], MG_LOAD_SHARED_U4(xs + k + 256u * j));
+  }
   return mg_lanes_sum(acc);
 }
 
-// Two rows at once (gate and up): (dot(w1, xs), dot(w2, xs)) in every lane.
+// Two rows at once (gate and up): (dot(w1, xs), dot(w2, xs)) in every lane. (4 + 4 loads a lane in
+// flight took the megakernel to 121 registers: 2 groups of 256 per multiprocessor need <= 128.)
 template <typename T>
 MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
                          uint32_t lane) {

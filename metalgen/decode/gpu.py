@@ -35,7 +35,7 @@ from .stacked import DecodeState, StackedWeights
 
 THREADS = 256
 MIN_CHUNK = 64  # attention positions per (head, split) item at least
-PARAM_CACHE_MAX_CAPACITY = 64
+PARAM_BLOCK = 64  # positions whose parameter rows are made at once
 _KERNELS = {}
 
 
@@ -117,7 +117,14 @@ class _GpuDecoder:
         # the megakernel's grid-barrier word: alone on a 128-byte line after the work area, zeroed
         # with the scratch and never reset (kernels_metal/preludes/cuda.h, mg_grid_barrier)
         self.barrier_offset = (work + 31) // 32 * 32
-        self.scratch_size = self.barrier_offset + 32
+        # per-step timing (megakernel, `stamp_steps`): ns at start and end, cycles at start and at the
+        # end of each step (uint32 words)
+        self.stamp_offset = self.barrier_offset + 32
+        # the megakernel's merged attention output (q_dim floats) and per-head split counters
+        # (zero at start; the merging group resets its head's)
+        self.merge_offset = (self.stamp_offset + 5 * w.layers + 4 + 31) // 32 * 32
+        self.scratch_size = self.merge_offset + w.q_dim + w.heads
+        self.stamp_steps = False
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
         self.no_tok = mx.zeros((1,), mx.int32)
@@ -136,21 +143,31 @@ class _GpuDecoder:
         chunk = -(-length // ns)
         return -(-length // chunk), chunk
 
-    def _params(self, state, use_emb, s_begin, s_end):
-        key = (state.pos, state.capacity, use_emb, s_begin, s_end)
-        hit = self._param_cache.get(key)
-        if hit is not None:
-            return hit
+    def _param_row(self, pos, capacity, use_emb, s_begin, s_end):
         w = self.w
-        ns, chunk = self.splits(state.pos + 1)
-        p = mx.array([w.hidden, w.heads, w.kv_heads, w.inter, w.layers, state.pos, state.capacity,
-                      use_emb, s_begin, s_end, ns, chunk, self.blocks, self.barrier_offset,
-                      self.v2_offset], mx.int32)
-        # Short caches (the speech code predictor's 16 positions, every frame) reuse their
-        # parameter arrays: a fresh host array per launch is a host-to-device copy each time.
-        if state.capacity <= PARAM_CACHE_MAX_CAPACITY:
-            self._param_cache[key] = p
-        return p
+        ns, chunk = self.splits(pos + 1)
+        return [w.hidden, w.heads, w.kv_heads, w.inter, w.layers, pos, capacity, use_emb, s_begin, s_end, ns,
+                chunk, self.blocks, self.barrier_offset, self.v2_offset,
+                self.stamp_offset if self.stamp_steps else 0, self.merge_offset]
+
+    def _params(self, state, use_emb, s_begin, s_end):
+        """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
+        in one host-to-device copy and each launch takes a row (a view): a fresh host array per
+        launch cost ~65 us a token on the H200 (benchmarks/decode_step_probe.py)."""
+        pos = state.pos
+        block = pos // PARAM_BLOCK
+        key = (block, state.capacity, use_emb, s_begin, s_end, self.stamp_steps)
+        table = self._param_cache.get(key)
+        if table is None:
+            if len(self._param_cache) >= 8 * (5 * self.w.layers + 1):  # a few blocks of every phase
+                self._param_cache.clear()
+            first = block * PARAM_BLOCK
+            rows = [self._param_row(p, state.capacity, use_emb, s_begin, s_end)
+                    for p in range(first, first + PARAM_BLOCK)]
+            table = mx.array(rows, mx.int32)
+            mx.eval(table)
+            self._param_cache[key] = table
+        return table[pos - block * PARAM_BLOCK]
 
     init_value = 0
 
@@ -190,6 +207,20 @@ class MegakernelDecoder(_GpuDecoder):
     base_kernel = "decode_megakernel"
     base_name = "megakernel"
     init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
+
+    def step_times(self, state: DecodeState):
+        """With `stamp_steps` set before the step: the last launch's per-step durations in
+        microseconds (5 per layer, then the final norm), as group 0 saw them (each ends at the
+        grid barrier after the step), from the SM's cycle counter scaled by the launch's
+        nanosecond timer. Reads the scratch back: call after the step was evaluated."""
+        import numpy as np
+
+        n = 5 * self.w.layers + 1
+        raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + n + 3]).view(np.uint32)
+        ns = float((raw[1] - raw[0]) & 0xFFFFFFFF)
+        ends = ((raw[3:] - raw[2]) & 0xFFFFFFFF).astype(np.float64)  # cycles since the start
+        us = ends * (ns / ends[-1]) / 1e3 if ends[-1] > 0 else ends
+        return np.diff(np.concatenate([[0.0], us]))
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)

@@ -1,0 +1,83 @@
+"""Where a megakernel token's time goes: per-phase durations from the kernel's own timing stamps.
+
+    PYTHONPATH=. python3 benchmarks/decode_phase_probe.py [shape ...] [--tokens 32] [--versions 1,2]
+
+After a 128-token plain prefill, decodes `--tokens` tokens on the megakernel with `stamp_steps`
+set (group 0 stores the SM's cycle counter after every step's grid barrier, kernels_metal
+preludes/cuda.h mg_cycles) and reports, per phase of a layer, the mean microseconds (over layers
+and tokens, the first 4 tokens dropped), each phase's weight bytes and the bandwidth that implies,
+the final norm, the kernel's total and a whole token's wall time (kernel + LM head + argmax +
+readback) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from metalgen.api import load
+from metalgen.cache import make_prompt_cache
+from metalgen.decode.path import make_step
+
+PHASES = ["0 norm+QKV", "1 attention", "2 merge+o_proj", "3 norm+gate/up", "4 down"]
+
+
+def phase_bytes(w):
+    b = 2  # bf16
+    return [w.qkv_dim * w.hidden * b, 0, w.hidden * w.q_dim * b, 2 * w.inter * w.hidden * b, w.hidden * w.inter * b]
+
+
+def probe(shape: str, version: int, tokens: int):
+    model, _ = load(f"dummy:{shape}")
+    prompt = mx.array(np.random.default_rng(0).integers(0, model.spec.vocab_size, 128), mx.int32)
+    cache = make_prompt_cache(model)
+    logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+    mx.eval(logits, [c.state for c in cache])
+    step = make_step(model, cache, 128, tokens + 8, f"megakernel_v{version}")
+    dec, state = step.decoder, step.state
+    dec.stamp_steps = True
+    w = dec.w
+    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+    per_step, walls = [], []
+    for t in range(tokens):
+        tic = time.perf_counter()
+        logits = step(tok)
+        tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+        mx.eval(tok)
+        walls.append(time.perf_counter() - tic)
+        times = dec.step_times(state)
+        if t >= 4:
+            per_step.append(times)
+    a = np.array(per_step)  # (tokens, 5 L + 1) microseconds
+    L = w.layers
+    layer = a[:, : 5 * L].reshape(len(a), L, 5)
+    total = a.sum(axis=1)
+    nb = phase_bytes(w)
+    print(f"\n== {shape}, version {version}, {dec.blocks} groups, {L} layers, position ~{128 + tokens // 2}")
+    for p in range(5):
+        us = float(layer[:, :, p].mean())
+        bw = f"{nb[p] / us / 1e3:7.0f} GB/s" if nb[p] else "        -"
+        print(f"  phase {PHASES[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}")
+    print(f"  final norm             {float(a[:, -1].mean()):7.2f} us")
+    print(f"  kernel total (stamps)  {float(np.median(total)):7.1f} us; whole token wall {np.median(walls[4:]) * 1e6:7.1f} us")
+    worst = layer.mean(axis=0)  # (L, 5)
+    print(f"  per-layer spread (max/min of a phase's layer means): "
+          + ", ".join(f"{worst[:, p].max() / max(worst[:, p].min(), 1e-9):.2f}" for p in range(5)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b"])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--versions", default="1,2")
+    args = ap.parse_args()
+    for shape in args.shapes:
+        for v in (int(x) for x in args.versions.split(",")):
+            probe(shape, v, args.tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""What a megakernel token costs outside the kernel: pipelined decode (step n+1 enqueued before
+token n is read, as generate_step does) timed in variants.
+
+    PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128]
+
+variants: full (kernel + LM head + argmax), kernel only (no LM head: the next input is a fixed
+token), and the LM head + argmax alone on a fixed hidden state. (A variant with every position's
+parameter array built before the timed loop measured 65 us a token faster, which led to
+gpu.py's parameter blocks.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from metalgen.api import load
+from metalgen.cache import make_prompt_cache
+from metalgen.decode.path import make_step
+
+
+def fresh(model, tokens):
+    prompt = mx.array(np.random.default_rng(0).integers(0, model.spec.vocab_size, 128), mx.int32)
+    cache = make_prompt_cache(model)
+    logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+    mx.eval(logits, [c.state for c in cache])
+    step = make_step(model, cache, 128, tokens + 8, "megakernel_v1")
+    return step, mx.argmax(logits, axis=-1).astype(mx.int32)
+
+
+def pipelined(fn, tok, n):
+    nxt = fn(tok)
+    mx.async_eval(nxt)
+    tic = time.perf_counter()
+    for _ in range(n):
+        cur = nxt
+        nxt = fn(cur)
+        mx.async_eval(nxt)
+        cur.item()
+    mx.eval(nxt)
+    return (time.perf_counter() - tic) / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b"])
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args()
+    n = args.tokens
+    for shape in args.shapes:
+        model, _ = load(f"dummy:{shape}")
+        print(f"\n== {shape}: microseconds per token, pipelined, {n} tokens")
+        step, tok = fresh(model, n)
+        full = lambda t: mx.argmax(step(t), axis=-1).astype(mx.int32)  # noqa: E731
+        print(f"  full (kernel + head + argmax)   {pipelined(full, tok, n):8.1f}")
+        step, tok = fresh(model, n)
+        dec, state = step.decoder, step.state
+        fixed = tok
+
+        def kernel_only(t):
+            h = dec.step(state, fixed)
+            return (h[0, :1] * 0).astype(mx.int32) + fixed  # depends on the kernel, reads 4 bytes
+        print(f"  kernel only                     {pipelined(kernel_only, tok, n):8.1f}")
+        h = mx.random.normal((1, model.spec.hidden_size)).astype(mx.bfloat16)
+        mx.eval(h)
+
+        def head_only(t):
+            return mx.argmax(model.logits(h + t.astype(h.dtype) * 0), axis=-1).astype(mx.int32)
+        print(f"  LM head + argmax only           {pipelined(head_only, tok, n):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
