@@ -105,7 +105,7 @@ def generate_step(
         prompt_cache: per-layer caches to fill (fresh ones by default); reusable afterwards.
         prefill_step_size: prompt tokens per prefill chunk.
         decode: the decode path after prefill (metalgen.decode: "auto", "plain", "fused",
-            "megakernel", "reference"); None takes metalgen.decode.default_mode(). The stacked
+            "megakernel", "reference"); None is "auto". The stacked
             paths are used only without logits processors and without a caller's prompt_cache
             (they keep their own cache); otherwise decoding stays on the plain path.
     """

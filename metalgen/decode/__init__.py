@@ -4,11 +4,9 @@
 (plain / reference / fused / megakernel / auto) for a model.
 """
 
-from .path import (MODES, decoder_for, default_mode, make_step, self_check, set_default_mode,
-                   stacked_weights)
+from .path import MODES, decoder_for, make_step, self_check, stacked_weights
 from .reference import ReferenceDecoder
 from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache
 
-__all__ = ["MODES", "decoder_for", "default_mode", "make_step", "self_check", "set_default_mode",
-           "stacked_weights", "ReferenceDecoder", "DecodeState", "StackedWeights", "stack_weights",
-           "stacked_cache"]
+__all__ = ["MODES", "decoder_for", "make_step", "self_check", "stacked_weights", "ReferenceDecoder",
+           "DecodeState", "StackedWeights", "stack_weights", "stacked_cache"]

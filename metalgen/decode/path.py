@@ -52,7 +52,6 @@ AUTO_GPU = {
 AUTO_V2 = {
     "cuda": set(),
 }
-_default = "auto"
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
 
 
@@ -71,17 +70,6 @@ def auto_shape_key(model) -> Optional[tuple]:
 def prefer_v2(model, backend: str) -> bool:
     """Whether "auto" / "megakernel" / "fused" try version 2 of the decode body first."""
     return auto_shape_key(model) in AUTO_V2.get(backend, ())
-
-
-def set_default_mode(mode: str) -> None:
-    """The mode generate_step uses when none is given (the CLI's --decode sets it)."""
-    global _default
-    _check_mode(mode)
-    _default = mode
-
-
-def default_mode() -> str:
-    return _default
 
 
 def _check_mode(mode: str) -> None:
@@ -169,7 +157,7 @@ def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[st
     Explicit GPU modes raise MetalgenError where they cannot run; "auto" falls back to plain
     quietly (say why with kernels_metal.set_verbose(True)). `auto_shapes` replaces AUTO_GPU as
     the list of shapes "auto" takes a fast path for (the speech stacks keep their own)."""
-    mode = mode or _default
+    mode = mode or "auto"
     _check_mode(mode)
     if mode == "plain":
         return None
