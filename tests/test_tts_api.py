@@ -173,6 +173,18 @@ def test_cli_writes_wav(tmp_path, capsys):
     assert rc == 0
     np.testing.assert_allclose(sf.read(str(streamed), dtype="float32")[0], wav, atol=1e-4)
     assert "first audio after" in capsys.readouterr().err
+    # the stacked reference decode path and a 1-frame first chunk: in float32 the same codes as the
+    # plain path, so the same audio
+    common = ["tts", "--model", "dummy:qwen3-tts-tiny", "--text", "Hello there.", "--speaker", "vivian",
+              "--language", "english", "--seed", "5", "--max-frames", "6", "--dtype", "float32"]
+    plain, ref = tmp_path / "plain32.wav", tmp_path / "ref.wav"
+    assert main([*common, "--out", str(plain), "--decode", "plain"]) == 0
+    assert main([*common, "--out", str(ref), "--stream", "--first-chunk-frames", "1", "--decode", "reference"]) == 0
+    np.testing.assert_allclose(sf.read(str(ref), dtype="float32")[0], sf.read(str(plain), dtype="float32")[0],
+                               atol=1e-4)
+    assert main(["tts", "--model", "dummy:qwen3-tts-tiny", "--text", "Hi", "--speaker", "vivian", "--out",
+                 str(ref), "--first-chunk-frames", "0"]) == 1
+    assert "--first-chunk-frames" in capsys.readouterr().err
 
 
 def test_text_input_mode_reaches_the_prompt(tmp_path):

@@ -70,7 +70,14 @@ def test_cli(tmp_path, capsys):
     assert "ms/frame" in capsys.readouterr().out
     rep = json.loads(out.read_text())
     assert rep["model"] == "dummy:qwen3-tts-tiny" and rep["results"][0]["frames"] == 3
-    for bad in (["--frames", "1"], ["--runs", "0"], ["--chunk-frames", "0"], ["--profile"]):
+    assert rep["first_chunk_frames"] == 2 and rep["paths"]["talker"] in ("plain", "megakernel")
+    rc = main(["bench", "--tts", "--model", "dummy:qwen3-tts-tiny", "--frames", "3", "--runs", "1",
+               "--decode", "reference", "--first-chunk-frames", "1", "--json", str(out)])
+    assert rc == 0 and "talker reference, code predictor reference" in capsys.readouterr().out
+    rep = json.loads(out.read_text())
+    assert rep["paths"] == {"talker": "reference", "code_predictor": "reference"} and rep["first_chunk_frames"] == 1
+    for bad in (["--frames", "1"], ["--runs", "0"], ["--chunk-frames", "0"], ["--first-chunk-frames", "0"],
+                ["--profile"]):
         assert main(["bench", "--tts", "--model", "dummy:qwen3-tts-tiny", *bad]) == 1
     assert "error" in capsys.readouterr().err
     # a text model is no TTS model
