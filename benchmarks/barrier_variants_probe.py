@@ -10,10 +10,9 @@ does nothing but n barriers (each launch evaluated, median of 15), at 132 and 26
   relacq0 the same without the back-off
 """
 import os
-import statistics
-import time
 
 import mlx.core as mx
+from decode_barrier_probe import timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,17 +59,6 @@ BODY = r"""
   }
   if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = word[0];
 """
-
-
-def timed(fn, reps=15, warm=2):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def main():

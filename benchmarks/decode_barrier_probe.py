@@ -72,15 +72,14 @@ def megakernel_times(shape, groups_list):
     from metalgen.api import load
     from metalgen.decode.gpu import MegakernelDecoder
     from metalgen.decode.path import stacked_weights
-    from metalgen.decode.stacked import DecodeState
+    from metalgen.decode.stacked import empty_state
 
     m, _ = load(f"dummy:{shape}")
     w = stacked_weights(m)
     rows = []
     for nb in groups_list:
         dec = MegakernelDecoder(w, blocks=nb)
-        z = mx.zeros((w.layers, w.kv_heads, 1024, w.head_dim), w.dtype)
-        st = dec.prepare(DecodeState(z, mx.array(z) + 0, 0, 1024))
+        st = dec.prepare(empty_state(w, 1024))
         tok = mx.array([5], mx.int32)
 
         def bare():

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from metalgen.api import load
-from metalgen.cache import make_prompt_cache
+from metalgen.decode.check import prefill_random
 from metalgen.decode.path import make_step
 
 PHASES = ["0 norm+QKV", "1 attention", "2 merge+o_proj", "3 norm+gate/up", "4 down"]
@@ -32,10 +32,7 @@ def phase_bytes(w):
 
 def probe(shape: str, version: int, tokens: int):
     model, _ = load(f"dummy:{shape}")
-    prompt = mx.array(np.random.default_rng(0).integers(0, model.spec.vocab_size, 128), mx.int32)
-    cache = make_prompt_cache(model)
-    logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
-    mx.eval(logits, [c.state for c in cache])
+    logits, cache = prefill_random(model, 128)
     step = make_step(model, cache, 128, tokens + 8, f"megakernel_v{version}")
     dec, state = step.decoder, step.state
     dec.stamp_steps = True
@@ -64,7 +61,7 @@ def probe(shape: str, version: int, tokens: int):
     print(f"  final norm             {float(a[:, -1].mean()):7.2f} us")
     print(f"  kernel total (stamps)  {float(np.median(total)):7.1f} us; whole token wall {np.median(walls[4:]) * 1e6:7.1f} us")
     worst = layer.mean(axis=0)  # (L, 5)
-    print(f"  per-layer spread (max/min of a phase's layer means): "
+    print("  per-layer spread (max/min of a phase's layer means): "
           + ", ".join(f"{worst[:, p].max() / max(worst[:, p].min(), 1e-9):.2f}" for p in range(5)))
 
 

@@ -15,18 +15,14 @@ import argparse
 import time
 
 import mlx.core as mx
-import numpy as np
 
 from metalgen.api import load
-from metalgen.cache import make_prompt_cache
+from metalgen.decode.check import prefill_random
 from metalgen.decode.path import make_step
 
 
 def fresh(model, tokens):
-    prompt = mx.array(np.random.default_rng(0).integers(0, model.spec.vocab_size, 128), mx.int32)
-    cache = make_prompt_cache(model)
-    logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
-    mx.eval(logits, [c.state for c in cache])
+    logits, cache = prefill_random(model, 128)
     step = make_step(model, cache, 128, tokens + 8, "megakernel_v1")
     return step, mx.argmax(logits, axis=-1).astype(mx.int32)
 

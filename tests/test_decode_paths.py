@@ -151,6 +151,19 @@ def test_megakernel_equals_fused_bitwise():
     assert worst == 0.0
 
 
+def test_self_check_feeds_tokens_or_embeddings(qwen3):
+    # the GPU paths' start-up check, run here with the reference on both sides: a token-fed stack
+    # and an embedding-only stack (the TTS code predictor), each from its own empty state
+    import metalgen.tts
+    from metalgen.decode import ReferenceDecoder, self_check, stack_weights
+
+    w = stack_weights(qwen3, rebind=False)
+    assert self_check(ReferenceDecoder(w), w, head=qwen3.logits) == 0.0
+    cp = metalgen.tts.load("dummy:qwen3-tts-tiny").model.talker.code_predictor.model
+    w = stack_weights(cp, rebind=False)
+    assert w.vocab == 0 and self_check(ReferenceDecoder(w), w, steps=4) == 0.0
+
+
 def test_step_errors_vs_float32_sees_the_noise_floor(qwen3):
     vs_plain, fast32, plain32 = step_errors_vs_float32(qwen3, "reference", prompt_tokens=9, steps=6)
     assert len(vs_plain) == len(fast32) == len(plain32) == 6

@@ -10,7 +10,7 @@ import pytest
 
 import kernels_metal as K
 import metalgen.tts
-from metalgen.decode import DecodeState, ReferenceDecoder, decoder_for, stack_weights
+from metalgen.decode import ReferenceDecoder, empty_state, stack_weights
 from metalgen.tts.frames import TTS_AUTO_GPU, FrameGenerator
 
 TEXT = "Hello there, this is a test."
@@ -88,8 +88,7 @@ def test_stack_without_token_embedding_takes_embeddings_only(tiny32):
     stack = tiny32.model.talker.code_predictor.model
     w = stack_weights(stack, rebind=False)
     assert w.vocab == 0 and w.embed.shape == (1, w.hidden)
-    z = mx.zeros((w.layers, w.kv_heads, 4, w.head_dim), w.dtype)
-    st = DecodeState(z, mx.zeros_like(z), 0, 4)
+    st = empty_state(w, 4)
     with pytest.raises(ValueError, match="no token embedding"):
         ReferenceDecoder(w).step(st, mx.array([1], mx.int32))
     # the same input at the same position gives the same output after a reset

@@ -4,9 +4,9 @@
 (plain / reference / fused / megakernel / auto) for a model.
 """
 
-from .path import MODES, decoder_for, make_step, self_check, stacked_weights
+from .path import MODES, decoder_for, make_step, self_check, stacked_weights, start_state
 from .reference import ReferenceDecoder
-from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache
+from .stacked import DecodeState, StackedWeights, empty_state, stack_weights, stacked_cache
 
-__all__ = ["MODES", "decoder_for", "make_step", "self_check", "stacked_weights", "ReferenceDecoder",
-           "DecodeState", "StackedWeights", "stack_weights", "stacked_cache"]
+__all__ = ["MODES", "decoder_for", "make_step", "self_check", "stacked_weights", "start_state",
+           "ReferenceDecoder", "DecodeState", "StackedWeights", "empty_state", "stack_weights", "stacked_cache"]

@@ -13,26 +13,37 @@ from ..cache import make_prompt_cache
 from .path import make_step, rel_err
 
 
+def prefill_random(model, prompt_tokens: int, seed: int = 0):
+    """A seeded random prompt of `prompt_tokens` ids through the plain path: (the last position's
+    logits (1, vocab), the filled per-layer caches), evaluated."""
+    vocab = model.spec.vocab_size
+    prompt = mx.array(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), mx.int32)
+    cache = make_prompt_cache(model)
+    logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+    mx.eval(logits, [c.state for c in cache])
+    return logits, cache
+
+
+def _teacher_forced(model, mode: str, prompt_tokens: int, steps: int, seed: int, model32=None):
+    """Per step, fed the plain path's greedy tokens: (the fast path's logits, plain's, and
+    `model32`'s on the same tokens or None). One prefill serves plain and fast: make_step copies
+    the cache into the stacked layout, and plain goes on appending to its own."""
+    logits, cache = prefill_random(model, prompt_tokens, seed)
+    cache32 = prefill_random(model32, prompt_tokens, seed)[1] if model32 is not None else None
+    fast = make_step(model, cache, prompt_tokens, steps, mode)
+    if fast is None:
+        raise RuntimeError(f"decode path {mode} is not available here")
+    for _ in range(steps):
+        tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+        logits = model.logits(model.hidden(tok[None], cache=cache)[:, -1, :])
+        truth = None if model32 is None else model32.logits(model32.hidden(tok[None], cache=cache32)[:, -1, :])
+        yield fast(tok), logits, truth
+
+
 def step_errors(model, mode: str, prompt_tokens: int = 16, steps: int = 32, seed: int = 0) -> List[float]:
     """Per-step relative error ||fast - plain|| / ||plain|| of the logits, teacher-forced with
     the plain path's greedy tokens."""
-    vocab = model.spec.vocab_size
-    prompt = mx.array(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), mx.int32)
-    plain_cache = make_prompt_cache(model)
-    fast_cache = make_prompt_cache(model)
-    logits = model.logits(model.hidden(prompt[None], cache=plain_cache)[:, -1, :])
-    model.hidden(prompt[None], cache=fast_cache)
-    mx.eval(logits, [c.state for c in plain_cache], [c.state for c in fast_cache])
-    fast = make_step(model, fast_cache, prompt_tokens, steps, mode)
-    if fast is None:
-        raise RuntimeError(f"decode path {mode} is not available here")
-    errs = []
-    for _ in range(steps):
-        tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-        logits = model.logits(model.hidden(tok[None], cache=plain_cache)[:, -1, :])
-        got = fast(tok)
-        errs.append(rel_err(got, logits))
-    return errs
+    return [rel_err(got, plain) for got, plain, _ in _teacher_forced(model, mode, prompt_tokens, steps, seed)]
 
 
 def step_errors_vs_float32(model, mode: str, prompt_tokens: int = 16, steps: int = 32, seed: int = 0):
@@ -48,23 +59,9 @@ def step_errors_vs_float32(model, mode: str, prompt_tokens: int = 16, steps: int
 
     model32 = copy.deepcopy(model)
     model32.update(tree_map(lambda a: a.astype(mx.float32), model.parameters()))
-    vocab = model.spec.vocab_size
-    prompt = mx.array(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), mx.int32)
-    c16, c32, cf = make_prompt_cache(model), make_prompt_cache(model32), make_prompt_cache(model)
-    logits = model.logits(model.hidden(prompt[None], cache=c16)[:, -1, :])
-    model32.hidden(prompt[None], cache=c32)
-    model.hidden(prompt[None], cache=cf)
-    mx.eval(logits, [c.state for c in c16], [c.state for c in c32], [c.state for c in cf])
-    fast = make_step(model, cf, prompt_tokens, steps, mode)
-    if fast is None:
-        raise RuntimeError(f"decode path {mode} is not available here")
     vs_plain, fast32, plain32 = [], [], []
-    for _ in range(steps):
-        tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-        logits = model.logits(model.hidden(tok[None], cache=c16)[:, -1, :])
-        truth = model32.logits(model32.hidden(tok[None], cache=c32)[:, -1, :])
-        got = fast(tok)
-        vs_plain.append(rel_err(got, logits))
+    for got, plain, truth in _teacher_forced(model, mode, prompt_tokens, steps, seed, model32):
+        vs_plain.append(rel_err(got, plain))
         fast32.append(rel_err(got, truth))
-        plain32.append(rel_err(logits, truth))
+        plain32.append(rel_err(plain, truth))
     return vs_plain, fast32, plain32

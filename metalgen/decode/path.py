@@ -25,7 +25,7 @@ import kernels_metal as K
 from ..errors import MetalgenError
 from .modes import DECODE_MODES
 from .reference import ReferenceDecoder
-from .stacked import DecodeState, StackedWeights, stack_weights, stacked_cache, unsupported_reason
+from .stacked import DecodeState, StackedWeights, empty_state, stack_weights, stacked_cache, unsupported_reason
 
 MODES = DECODE_MODES
 # bf16 noise on random-weight models is ~1.7% (plain bf16 vs float32 logits, qwen2.5-0.5b shape);
@@ -108,25 +108,16 @@ def self_check(decoder, weights: StackedWeights, steps: int = 3, head=None) -> f
     relative difference ||a - b|| / ||b|| of the logits (of the final hidden states when no LM
     `head` is given)."""
     ref = ReferenceDecoder(weights)
-    cap = steps
-
-    def fresh():
-        z = mx.zeros((weights.layers, weights.kv_heads, cap, weights.head_dim), weights.dtype)
-        return DecodeState(z, mx.array(z), 0, cap)
-
-    sa, sb = decoder.prepare(fresh()), fresh()
+    sa, sb = decoder.prepare(empty_state(weights, steps)), empty_state(weights, steps)
     worst = 0.0
     embeds = None
     if not weights.vocab:  # a stack fed embeddings only: seeded embedding-sized inputs
         embeds = mx.random.normal((steps, weights.hidden), key=mx.random.key(7919)).astype(weights.dtype)
     for t in range(steps):
-        if embeds is None:
-            tok = mx.array([(7919 * (t + 1)) % weights.vocab], mx.int32)
-            a = decoder.step(sa, tok)
-            b = ref.step(sb, tok)
-        else:
-            a = decoder.step(sa, embedding=embeds[t])
-            b = ref.step(sb, embedding=embeds[t])
+        x = (dict(token=mx.array([(7919 * (t + 1)) % weights.vocab], mx.int32)) if embeds is None
+             else dict(embedding=embeds[t]))
+        a = decoder.step(sa, **x)
+        b = ref.step(sb, **x)
         if head is not None:
             a, b = head(a), head(b)
         mx.eval(a, b)
@@ -207,6 +198,15 @@ def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[st
     return entry[key]
 
 
+def start_state(dec, cache, length: int, max_tokens: int) -> DecodeState:
+    """The decoder `dec`'s state after a plain prefill of `length` positions into the per-layer
+    `cache`: the cache copied once into the stacked layout, with room for `max_tokens` more
+    (rounded up to 256 positions, at most the RoPE table's length)."""
+    w = dec.w
+    capacity = min(((length + max_tokens + 255) // 256) * 256, w.rope_table.max_positions)
+    return dec.prepare(stacked_cache(w, cache, length, capacity))
+
+
 def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = None
               ) -> Optional[Callable[[mx.array], mx.array]]:
     """After the plain prefill has filled `cache` with `length` positions: a function
@@ -215,9 +215,7 @@ def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = 
     dec = decoder_for(model, mode)
     if dec is None:
         return None
-    w = dec.w
-    capacity = min(((length + max_tokens + 255) // 256) * 256, w.rope_table.max_positions)
-    state = dec.prepare(stacked_cache(w, cache, length, capacity))
+    state = start_state(dec, cache, length, max_tokens)
 
     def step(token: mx.array) -> mx.array:
         return model.logits(dec.step(state, token))

@@ -169,6 +169,15 @@ class DecodeState:
         self.pos = 0
 
 
+def empty_state(w: StackedWeights, capacity: int) -> DecodeState:
+    """A zeroed stacked cache of `capacity` positions, at position 0 (the GPU kernels write into
+    its arrays in place, so they are two buffers, made here)."""
+    shape = (w.layers, w.kv_heads, capacity, w.head_dim)
+    kc, vc = mx.zeros(shape, w.dtype), mx.zeros(shape, w.dtype)
+    mx.eval(kc, vc)
+    return DecodeState(kc, vc, 0, capacity)
+
+
 def stacked_cache(w: StackedWeights, cache, length: int, capacity: int) -> DecodeState:
     """Copy the first `length` positions of per-layer KVCaches (filled by the plain prefill) into a
     fresh stacked cache of `capacity` positions."""

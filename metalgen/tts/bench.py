@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import MetalgenError
 from ..sampling import make_repetition_penalty
+from .api import FIRST_CHUNK_FRAMES
 from .frames import FrameGenerator, SamplingConfig
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the speech engine reads it aloud."
@@ -341,7 +342,7 @@ def time_engine(engine, decoder, frames: int, chunk: int, runs: int, seed: int, 
 
 
 def run_tts_bench(tts, *, frames: int = 64, runs: int = 3, compare: Optional[str] = None, seed: int = 0,
-                  chunk_frames: int = 12, first_chunk_frames: int = 2, decode: Optional[str] = "auto",
+                  chunk_frames: int = 12, first_chunk_frames: int = FIRST_CHUNK_FRAMES, decode: Optional[str] = "auto",
                   text: str = TEXT) -> Dict[str, object]:
     """Benchmark the TTS frame loop on `tts` (a metalgen.tts.TTSModel); compare="mlx-lm" also
     drives it through mlx-lm's Qwen3 model on the same weights. Both engines stream with the

@@ -129,13 +129,10 @@ class FrameGenerator:
         self.cp_dec = decoder_for(self.cp.model, mode, TTS_AUTO_GPU)
         self.cp_state = None
         if self.cp_dec is not None:
-            from ..decode import DecodeState
+            from ..decode import empty_state
 
-            w = self.cp_dec.w
             # positions: the talker hidden, codebook 0, codebooks 1..G-2 (the last one is not fed)
-            cap = self.groups
-            z = mx.zeros((w.layers, w.kv_heads, cap, w.head_dim), w.dtype)
-            self.cp_state = self.cp_dec.prepare(DecodeState(z, mx.zeros_like(z), 0, cap))
+            self.cp_state = self.cp_dec.prepare(empty_state(self.cp_dec.w, self.groups))
         self.talker_cache = None
         self.talker_state = None
 
@@ -166,13 +163,10 @@ class FrameGenerator:
         if self.talker_dec is None:
             self.talker_cache = cache
         else:
-            from ..decode import stacked_cache
+            from ..decode import start_state
 
-            w = self.talker_dec.w
             length = self.prompt.embeddings.shape[1]
-            cap = min(-(-(length + self.sampling.max_frames + 1) // 256) * 256, w.rope_table.max_positions)
-            mx.eval(last, logits)
-            self.talker_state = self.talker_dec.prepare(stacked_cache(w, cache, length, cap))
+            self.talker_state = start_state(self.talker_dec, cache, length, self.sampling.max_frames + 1)
         return last, logits
 
     def talk(self, x: mx.array):
