@@ -47,27 +47,33 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
 }
 
 // Two rows at once (gate and up): (dot(w1, xs), dot(w2, xs)) in every lane. (4 + 4 loads a lane in
-// flight took the megakernel to 121 registers: 2 groups of 256 per multiprocessor need <= 128.)
+// flight take the megakernel to its 128-register bound: see the GPU backend's tail prelude.)
 template <typename T>
 MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
                          uint32_t lane) {
   float a = 0.0f;
   float b = 0.0f;
   uint32_t k = lane * 8u;
-  for (; k + 256u < K; k += 512u) {
-    const mg_u4 p0 = MG_LOAD_U4_NC(w1 + k);
-    const mg_u4 p1 = MG_LOAD_U4_NC(w1 + k + 256u);
-    const mg_u4 q0 = MG_LOAD_U4_NC(w2 + k);
-    const mg_u4 q1 = MG_LOAD_U4_NC(w2 + k + 256u);
-    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
-    const mg_u4 x1 = MG_LOAD_SHARED_U4(xs + k + 256u);
-    a += mg_dot8<T>(p0, x0) + mg_dot8<T>(p1, x1);
-    b += mg_dot8<T>(q0, x0) + mg_dot8<T>(q1, x1);
-  }
-  for (; k < K; k += 256u) {
-    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
-    a += mg_dot8<T>(MG_LOAD_U4_NC(w1 + k), x0);
-    b += mg_dot8<T>(MG_LOAD_U4_NC(w2 + k), x0);
+  // up to four chunks of each row a round trip, all loaded before the first multiply (K <= 1024: the
+  // whole task at once)
+  for (; k < K; k += 1024u) {
+    mg_u4 p[4];
+    mg_u4 q[4];
+#pragma unroll
+    for (uint32_t i = 0; i < 4u; ++i) {
+      if (k + 256u * i < K) {
+        p[i] = MG_LOAD_U4_NC(w1 + k + 256u * i);
+        q[i] = MG_LOAD_U4_NC(w2 + k + 256u * i);
+      }
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < 4u; ++i) {
+      if (k + 256u * i < K) {
+        const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k + 256u * i);
+        a += mg_dot8<T>(p[i], x0);
+        b += mg_dot8<T>(q[i], x0);
+      }
+    }
   }
   mg_f2 r;
   r.x = mg_lanes_sum(a);
