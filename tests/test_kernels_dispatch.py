@@ -101,9 +101,14 @@ def test_sample_is_the_reference():
 def test_gpu_variant_falls_back_loudly_only_when_verbose(capsys, monkeypatch):
     monkeypatch.setattr(gpu, "_STATUS", {})
     monkeypatch.setattr(gpu, "_KERNELS", {})
+
+    def no_kernel(name):  # as on the CPU backend, and on a GPU whose compiler rejects the kernel
+        raise RuntimeError(f"no GPU kernel {name}")
+
+    monkeypatch.setattr(gpu, "kernel", no_kernel)
     x, w = rnd((2, 64)), rnd((64,))
     K.set_verbose(False)
-    y = gpu.rms_norm(x, w, 1e-6)  # no GPU kernels on the CPU backend: the reference answers
+    y = gpu.rms_norm(x, w, 1e-6)  # the kernel cannot be built: the reference answers
     assert rel(y, ref.rms_norm(x, w, 1e-6)) == 0
     assert capsys.readouterr().err == ""
     K.set_verbose(True)
@@ -155,6 +160,11 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert gpu.gemv_quantized(xs, wq, s, b, 64, 4).shape == (2, 48)
     tok, lp, ns = gpu.sample(rnd((2, 100)), 0.7, 5, 0.9, 0.0, K.make_sample_state(1))
     assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1]
+    # greedy goes to the built-in argmax / logsumexp: the reference's token, logprob and counter
+    logits = rnd((3, 151936))
+    tok, lp, ns = gpu.sample(logits, 0.0, 0, 1.0, 0.0, K.make_sample_state(1))
+    rt, rl, rns = ref.sample(logits, 0.0, 0, 1.0, 0.0, K.make_sample_state(1))
+    assert tok.tolist() == rt.tolist() and ns.tolist() == rns.tolist() and rel(lp, rl) < 1e-5
 
 
 def test_gpu_variant_choice_follows_the_measured_rule(monkeypatch):
