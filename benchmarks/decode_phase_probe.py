@@ -7,7 +7,11 @@ set (group 0 stores the SM's cycle counter after every step's grid barrier, kern
 preludes/cuda.h mg_cycles) and reports, per phase of a layer, the mean microseconds (over layers
 and tokens, the first 4 tokens dropped), each phase's weight bytes and the bandwidth that implies,
 the final norm, the kernel's total and a whole token's wall time (kernel + LM head + argmax +
-readback) for comparison.
+readback) for comparison, and where inside a phase group 0 is (`MegakernelDecoder.step_marks`: its
+input vector ready, its work done; the rest of the phase is waiting for the other groups and the
+barrier). Reading the stamps back after every token makes the next launch's first touch of the
+scratch page slow: layer 0's phase 0 costs 90-200 us here against ~25 us in a pipelined run
+(decode_step_probe.py reads them once, after its loop).
 """
 
 from __future__ import annotations
@@ -30,15 +34,14 @@ def phase_bytes(w):
     return [w.qkv_dim * w.hidden * b, 0, w.hidden * w.q_dim * b, 2 * w.inter * w.hidden * b, w.hidden * w.inter * b]
 
 
-def probe(shape: str, version: int, tokens: int):
-    model, _ = load(f"dummy:{shape}")
+def probe(model, shape: str, version: int, tokens: int):
     logits, cache = prefill_random(model, 128)
     step = make_step(model, cache, 128, tokens + 8, f"megakernel_v{version}")
     dec, state = step.decoder, step.state
     dec.stamp_steps = True
     w = dec.w
     tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-    per_step, walls = [], []
+    per_step, walls, marks = [], [], []
     for t in range(tokens):
         tic = time.perf_counter()
         logits = step(tok)
@@ -48,16 +51,24 @@ def probe(shape: str, version: int, tokens: int):
         times = dec.step_times(state)
         if t >= 4:
             per_step.append(times)
+            marks.append(dec.step_marks(state))
     a = np.array(per_step)  # (tokens, 5 L + 1) microseconds
     L = w.layers
     layer = a[:, : 5 * L].reshape(len(a), L, 5)
     total = a.sum(axis=1)
     nb = phase_bytes(w)
-    print(f"\n== {shape}, version {version}, {dec.blocks} groups, {L} layers, position ~{128 + tokens // 2}")
+    print(f"\n== {shape}, {dec.name} (version {version}), {dec.blocks} groups, {L} layers, "
+          f"position ~{128 + tokens // 2}")
+    mk = np.array(marks)[:, : 5 * L].reshape(len(marks), L, 5, 2)  # us from the step's start
     for p in range(5):
         us = float(layer[:, :, p].mean())
         bw = f"{nb[p] / us / 1e3:7.0f} GB/s" if nb[p] else "        -"
-        print(f"  phase {PHASES[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}")
+        m = mk[:, 1:, p].mean(axis=(0, 1))  # layer 0 aside (its start includes the launch)
+        print(f"  phase {PHASES[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}"
+              f"  | input ready {m[0]:5.2f} done {m[1]:5.2f}")
+    m0 = np.array(marks)[:, 0]  # layer 0's phase 0: the launch, the token's embedding row
+    print(f"  layer 0 phase 0        {float(layer[:, 0, 0].mean()):7.2f} us  | input ready {m0[:, 0].mean():6.2f} "
+          f"done {m0[:, 1].mean():6.2f}; later layers' phase 0 {float(layer[:, 1:, 0].mean()):6.2f} us")
     print(f"  final norm             {float(a[:, -1].mean()):7.2f} us")
     print(f"  kernel total (stamps)  {float(np.median(total)):7.1f} us; whole token wall {np.median(walls[4:]) * 1e6:7.1f} us")
     worst = layer.mean(axis=0)  # (L, 5)
@@ -72,8 +83,9 @@ def main():
     ap.add_argument("--versions", default="1,2")
     args = ap.parse_args()
     for shape in args.shapes:
+        model, _ = load(f"dummy:{shape}")
         for v in (int(x) for x in args.versions.split(",")):
-            probe(shape, v, args.tokens)
+            probe(model, shape, v, args.tokens)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import mlx.core as mx
 from metalgen.api import load
 from metalgen.decode.check import prefill_random
 from metalgen.decode.path import make_step
+from metalgen.sampling import make_sampler
 
 
 def fresh(model, tokens):
@@ -53,6 +54,10 @@ def main():
         full = lambda t: mx.argmax(step(t), axis=-1).astype(mx.int32)  # noqa: E731
         print(f"  full (kernel + head + argmax)   {pipelined(full, tok, n):8.1f}")
         step, tok = fresh(model, n)
+        sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
+        sampled = lambda t: sampler(step(t))[0]  # noqa: E731
+        print(f"  full, fused greedy sampler      {pipelined(sampled, tok, n):8.1f}")
+        step, tok = fresh(model, n)
         dec, state = step.decoder, step.state
         fixed = tok
 
@@ -60,6 +65,16 @@ def main():
             h = dec.step(state, fixed)
             return (h[0, :1] * 0).astype(mx.int32) + fixed  # depends on the kernel, reads 4 bytes
         print(f"  kernel only                     {pipelined(kernel_only, tok, n):8.1f}")
+        # the kernel's own stamps of the last launch, read once after the loop (no readback of the
+        # scratch between launches): where the first step's time goes when nothing else touches it
+        dec.stamp_steps = True
+        us = pipelined(kernel_only, tok, n)
+        mx.synchronize()
+        times, marks = dec.step_times(state), dec.step_marks(state)
+        dec.stamp_steps = False
+        print(f"  kernel only, stamps on          {us:8.1f}   (last launch: kernel {times.sum():7.1f} us, layer 0 "
+              f"phase 0 {times[0]:6.1f} us, its input ready at {marks[0, 0]:6.1f}; later phase 0s "
+              f"{times[5:-1:5].mean():5.2f} us)")
         h = mx.random.normal((1, model.spec.hidden_size)).astype(mx.bfloat16)
         mx.eval(h)
 

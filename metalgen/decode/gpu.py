@@ -118,11 +118,11 @@ class _GpuDecoder:
         # with the scratch and never reset (kernels_metal/preludes/cuda.h, mg_grid_barrier)
         self.barrier_offset = (work + 31) // 32 * 32
         # per-step timing (megakernel, `stamp_steps`): ns at start and end, cycles at start and at the
-        # end of each step (uint32 words)
+        # end of each step, then 2 marks within each step (uint32 words)
         self.stamp_offset = self.barrier_offset + 32
         # the megakernel's merged attention output (q_dim floats) and per-head split counters
         # (zero at start; the merging group resets its head's)
-        self.merge_offset = (self.stamp_offset + 5 * w.layers + 4 + 31) // 32 * 32
+        self.merge_offset = (self.stamp_offset + 3 * (5 * w.layers + 1) + 3 + 31) // 32 * 32
         self.scratch_size = self.merge_offset + w.q_dim + w.heads
         self.stamp_steps = False
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
@@ -217,10 +217,25 @@ class MegakernelDecoder(_GpuDecoder):
 
         n = 5 * self.w.layers + 1
         raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + n + 3]).view(np.uint32)
-        ns = float((raw[1] - raw[0]) & 0xFFFFFFFF)
+        ns = float((int(raw[1]) - int(raw[0])) & 0xFFFFFFFF)
         ends = ((raw[3:] - raw[2]) & 0xFFFFFFFF).astype(np.float64)  # cycles since the start
         us = ends * (ns / ends[-1]) / 1e3 if ends[-1] > 0 else ends
         return np.diff(np.concatenate([[0.0], us]))
+
+    def step_marks(self, state: DecodeState):
+        """With `stamp_steps`: per step of the last launch, microseconds from the step's start (the
+        previous step's barrier) to (input vector ready or attention done, work done), an array
+        (steps, 2); the step's own duration is `step_times`."""
+        import numpy as np
+
+        n = 5 * self.w.layers + 1
+        raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + 3 * n + 3]).view(np.uint32)
+        ns = float((int(raw[1]) - int(raw[0])) & 0xFFFFFFFF)
+        ends = ((raw[3:n + 3] - raw[2]) & 0xFFFFFFFF).astype(np.float64)
+        marks = ((raw[n + 3:].reshape(n, 2) - raw[2]) & 0xFFFFFFFF).astype(np.float64)
+        starts = np.concatenate([[0.0], ends[:-1]])
+        scale = ns / ends[-1] / 1e3 if ends[-1] > 0 else 1.0
+        return (marks - starts[:, None]) * scale
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)

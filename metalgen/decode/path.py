@@ -35,9 +35,10 @@ CHECK_RTOL = 6e-2
 # plain AND passed the 256-step check against plain: relative 2e-2 at every step, or, where plain
 # bf16 is itself that far from float32, no further from float32 than plain bf16 (docs/decode.md).
 # Shape key: (hidden, layers, intermediate, heads, kv_heads, head_dim, qk_norm, qkv_bias).
-# H200, MLX 0.32.4, bf16: megakernel 800 vs mlx-lm 160 tok/s (qwen2.5-0.5b, max err 0.0197),
-# 647 vs 262 (qwen3-0.6b, 0.0135), 228 vs 126-191 (qwen3-4b: 0.044 vs plain, 0.0443 vs float32
-# where plain bf16 is 0.0461 from float32). Not listed: the fused path (launch-bound, slower than plain).
+# H200, MLX 0.32.4, bf16 (third session): megakernel 1141 vs mlx-lm 156-261 tok/s (qwen2.5-0.5b,
+# max err 0.0201), 1004 vs 184-277 (qwen3-0.6b, 0.0140), 306 vs 168-183 (qwen3-4b: 0.0448 vs plain,
+# 0.0442 vs float32 where plain bf16 is 0.0478 from float32). Not listed: the fused path
+# (launch-bound, slower than plain).
 AUTO_GPU = {
     "cuda": {
         (896, 24, 4864, 14, 2, 64, False, True),  # qwen2.5-0.5b
