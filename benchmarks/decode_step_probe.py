@@ -1,9 +1,10 @@
 """What a megakernel token costs outside the kernel: pipelined decode (step n+1 enqueued before
 token n is read, as generate_step does) timed in variants.
 
-    PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128]
+    PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128] [--min-chunk 32,64]
 
-variants: full (kernel + LM head + argmax), kernel only (no LM head: the next input is a fixed
+variants: full (kernel + LM head + argmax; with make_sampler()'s greedy instead; that per attention
+split size with --min-chunk), kernel only (no LM head: the next input is a fixed
 token), and the LM head + argmax alone on a fixed hidden state. (A variant with every position's
 parameter array built before the timed loop measured 65 us a token faster, which led to
 gpu.py's parameter blocks.)
@@ -18,6 +19,7 @@ import mlx.core as mx
 
 from metalgen.api import load
 from metalgen.decode.check import prefill_random
+from metalgen.decode import gpu
 from metalgen.decode.path import make_step
 from metalgen.sampling import make_sampler
 
@@ -45,7 +47,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b"])
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--min-chunk", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="also time the full token with these attention split sizes (e.g. 32,64)")
     args = ap.parse_args()
+    min_chunk = gpu.MIN_CHUNK
     n = args.tokens
     for shape in args.shapes:
         model, _ = load(f"dummy:{shape}")
@@ -56,7 +61,16 @@ def main():
         step, tok = fresh(model, n)
         sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
-        print(f"  full, fused greedy sampler      {pipelined(sampled, tok, n):8.1f}")
+        print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
+        for mc in args.min_chunk:
+            # attention positions per (head, split) item at least: the split count (gpu.MIN_CHUNK)
+            gpu.MIN_CHUNK = mc
+            step, tok = fresh(model, n)
+            step.decoder._param_cache.clear()
+            sampled = lambda t: sampler(step(t))[0]  # noqa: E731
+            print(f"  full, greedy, MIN_CHUNK {mc:<4d}    {pipelined(sampled, tok, n):8.1f}")
+        gpu.MIN_CHUNK = min_chunk
+        step.decoder._param_cache.clear()
         step, tok = fresh(model, n)
         dec, state = step.decoder, step.state
         fixed = tok
