@@ -12,7 +12,7 @@ does nothing but n barriers (each launch evaluated, median of 15), at 132 and 26
 import os
 
 import mlx.core as mx
-from decode_barrier_probe import timed  # this folder (the scripts run as `python3 benchmarks/...`)
+from decode_barrier_probe import launcher, timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,12 +69,7 @@ def main():
         for nb in (132, 264):
             buf = mx.zeros((1 << 16,), mx.uint32)
             mx.eval(buf)
-
-            def launch(nn):
-                p = mx.array([nn, mode], mx.int32)
-                (o,) = k(inputs=[buf, p], grid=(nb * 256, 1, 1), threadgroup=(256, 1, 1),
-                         output_shapes=[(1,)], output_dtypes=[mx.uint32], init_value=0)
-                mx.eval(o)
+            launch = launcher(k, buf, nb, mode)
             t0 = timed(lambda: launch(0))
             tn = timed(lambda: launch(2000))
             print(f"barrier {name:<8} groups {nb:>4}: {(tn - t0) / 2000 * 1e6:6.3f} us/barrier "

@@ -45,6 +45,19 @@ def timed(fn, reps=15, warm=2):
     return statistics.median(ts)
 
 
+def launcher(k, buf, nb, mode):
+    """launch(n): one evaluated launch of a barrier-probe kernel `k` (inputs buf, params [n, mode];
+    one uint32 output) doing n barriers in `nb` groups of 256."""
+
+    def launch(n):
+        p = mx.array([n, mode], mx.int32)
+        (o,) = k(inputs=[buf, p], grid=(nb * 256, 1, 1), threadgroup=(256, 1, 1),
+                 output_shapes=[(1,)], output_dtypes=[mx.uint32], init_value=0)
+        mx.eval(o)
+
+    return launch
+
+
 def barrier_costs(groups_list):
     header = open(os.path.join(ROOT, "kernels_metal/preludes/cuda.h")).read()
     k = mx.fast.cuda_kernel(name="mg_barrier_probe", input_names=["buf", "params"], output_names=["cnt"],
@@ -54,11 +67,7 @@ def barrier_costs(groups_list):
     rows = []
     for mode, name, n in ((0, "counting", 8), (1, "flip", 1000)):
         for nb in groups_list:
-            def launch(nn):
-                p = mx.array([nn, mode], mx.int32)
-                (o,) = k(inputs=[buf, p], grid=(nb * 256, 1, 1), threadgroup=(256, 1, 1),
-                         output_shapes=[(1,)], output_dtypes=[mx.uint32], init_value=0)
-                mx.eval(o)
+            launch = launcher(k, buf, nb, mode)
             t0 = timed(lambda: launch(0))
             tn = timed(lambda: launch(n), reps=7 if mode == 0 else 15)
             per = (tn - t0) / n * 1e6
