@@ -10,7 +10,7 @@ the final norm, the kernel's total and a whole token's wall time (kernel + LM he
 readback) for comparison, and where inside a phase group 0 is (`MegakernelDecoder.step_marks`: its
 input vector ready, its work done; the rest of the phase is waiting for the other groups and the
 barrier). Reading the stamps back after every token makes the next launch's first touch of the
-scratch page slow: layer 0's phase 0 costs 90-200 us here against ~25 us in a pipelined run
+scratch page slow: layer 0's phase 0 costs 80-260 us here against 11-38 us in a pipelined run
 (decode_step_probe.py reads them once, after its loop).
 """
 
@@ -66,7 +66,7 @@ def probe(model, shape: str, version: int, tokens: int):
         m = mk[:, 1:, p].mean(axis=(0, 1))  # layer 0 aside (its start includes the launch)
         print(f"  phase {PHASES[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}"
               f"  | input ready {m[0]:5.2f} done {m[1]:5.2f}")
-    m0 = np.array(marks)[:, 0]  # layer 0's phase 0: the launch, the token's embedding row
+    m0 = mk[:, 0, 0]  # layer 0's phase 0: the launch, the token's embedding row
     print(f"  layer 0 phase 0        {float(layer[:, 0, 0].mean()):7.2f} us  | input ready {m0[:, 0].mean():6.2f} "
           f"done {m0[:, 1].mean():6.2f}; later layers' phase 0 {float(layer[:, 1:, 0].mean()):6.2f} us")
     print(f"  final norm             {float(a[:, -1].mean()):7.2f} us")

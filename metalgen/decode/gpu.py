@@ -208,19 +208,28 @@ class MegakernelDecoder(_GpuDecoder):
     base_name = "megakernel"
     init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
 
-    def step_times(self, state: DecodeState):
-        """With `stamp_steps` set before the step: the last launch's per-step durations in
-        microseconds (5 per layer, then the final norm), as group 0 saw them (each ends at the
-        grid barrier after the step), from the SM's cycle counter scaled by the launch's
-        nanosecond timer. Reads the scratch back: call after the step was evaluated."""
+    def _stamps(self, state: DecodeState):
+        """The last launch's stamps in microseconds since its start: the end of every step (n,) and
+        its two marks (n, 2). Group 0's cycle counter, scaled by the launch's nanosecond timer;
+        reads the scratch back."""
         import numpy as np
 
         n = 5 * self.w.layers + 1
-        raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + n + 3]).view(np.uint32)
+        raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + 3 * n + 3]).view(np.uint32)
         ns = float((int(raw[1]) - int(raw[0])) & 0xFFFFFFFF)
-        ends = ((raw[3:] - raw[2]) & 0xFFFFFFFF).astype(np.float64)  # cycles since the start
-        us = ends * (ns / ends[-1]) / 1e3 if ends[-1] > 0 else ends
-        return np.diff(np.concatenate([[0.0], us]))
+        cycles = ((raw[3:] - raw[2]) & 0xFFFFFFFF).astype(np.float64)  # since the start
+        ends = cycles[:n]
+        scale = ns / ends[-1] / 1e3 if ends[-1] > 0 else 1.0
+        return ends * scale, cycles[n:].reshape(n, 2) * scale
+
+    def step_times(self, state: DecodeState):
+        """With `stamp_steps` set before the step: the last launch's per-step durations in
+        microseconds (5 per layer, then the final norm), as group 0 saw them (each ends at the
+        grid barrier after the step). Call after the step was evaluated."""
+        import numpy as np
+
+        ends, _ = self._stamps(state)
+        return np.diff(np.concatenate([[0.0], ends]))
 
     def step_marks(self, state: DecodeState):
         """With `stamp_steps`: per step of the last launch, microseconds from the step's start (the
@@ -228,14 +237,8 @@ class MegakernelDecoder(_GpuDecoder):
         (steps, 2); the step's own duration is `step_times`."""
         import numpy as np
 
-        n = 5 * self.w.layers + 1
-        raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + 3 * n + 3]).view(np.uint32)
-        ns = float((int(raw[1]) - int(raw[0])) & 0xFFFFFFFF)
-        ends = ((raw[3:n + 3] - raw[2]) & 0xFFFFFFFF).astype(np.float64)
-        marks = ((raw[n + 3:].reshape(n, 2) - raw[2]) & 0xFFFFFFFF).astype(np.float64)
-        starts = np.concatenate([[0.0], ends[:-1]])
-        scale = ns / ends[-1] / 1e3 if ends[-1] > 0 else 1.0
-        return (marks - starts[:, None]) * scale
+        ends, marks = self._stamps(state)
+        return marks - np.concatenate([[0.0], ends[:-1]])[:, None]
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)
