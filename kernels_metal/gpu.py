@@ -320,23 +320,6 @@ def gemv_quantized(x, w, scales, biases, group_size, bits, bias=None):
                 output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
 
 
-_COUNTER_STEP = None
-
-
-def _greedy(logits, state):
-    """Greedy: the built-in argmax and logsumexp spread each row over many groups, where the fused
-    kernel gives a row one group (52 us a token at V = 151936 on the H200, against ~15 us;
-    benchmarks/decode_step_probe.py). Same token (ties to the lower id), same float32 logprob,
-    and the generator's counter advances as the kernel's does."""
-    global _COUNTER_STEP
-    if _COUNTER_STEP is None:
-        _COUNTER_STEP = mx.array([0, 1], dtype=mx.uint32)
-    x = logits.astype(mx.float32)
-    tok = mx.argmax(x, axis=-1).astype(mx.int32)
-    lp = mx.take_along_axis(x, tok[:, None], axis=-1)[:, 0] - mx.logsumexp(x, axis=-1)
-    return tok, lp, state.astype(mx.uint32) + _COUNTER_STEP
-
-
 def sample(logits, temperature, top_k, top_p, min_p, state):
     if logits.ndim == 1:
         logits = logits[None]
@@ -344,7 +327,10 @@ def sample(logits, temperature, top_k, top_p, min_p, state):
     if logits.dtype not in _GPU_DTYPES:
         return ref.sample(logits, temperature, top_k, top_p, min_p, state)
     if not temperature > 0.0:
-        return _greedy(logits, state)
+        # greedy: the reference's built-in argmax and logsumexp spread a row over many groups, where
+        # the fused kernel gives it one (52 us a token more at V = 151936 on the H200,
+        # benchmarks/decode_step_probe.py); same token, logprob and counter step by definition
+        return ref.sample(logits, temperature, top_k, top_p, min_p, state)
     use_minp = min_p > 0.0
     fp = _f32(float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
               1.0 if use_minp else 0.0)

@@ -237,9 +237,15 @@ def make_sample_state(seed: int) -> mx.array:
     return mx.array([int(seed) & _MASK, 0], dtype=U32)
 
 
+@functools.lru_cache(maxsize=1)
+def _counter_step() -> mx.array:
+    # made once: a fresh host array every token is a host-to-device copy every token
+    return mx.array([0, 1], dtype=U32)
+
+
 def advance_state(state: mx.array) -> mx.array:
     """[seed, counter + 1], computed on the device."""
-    return state + mx.array([0, 1], dtype=U32)
+    return state + _counter_step()
 
 
 def filtered_logits(logits: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
