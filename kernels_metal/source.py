@@ -63,7 +63,7 @@ bf16, f32, i32, u32 = mx.bfloat16, mx.float32, mx.int32, mx.uint32
 
 DECODE_INPUTS = ("tok", "emb", "embed", "wqkv", "bqkv", "qkn", "wo", "wgu", "wd", "norms", "fnorm", "cos_t",
                  "sin_t", "kc", "vc", "scratch", "params", "fparams", "dep")
-DECODE_TEMPLATES = ("T", "D", "QKN", "BIAS", "SK")
+DECODE_TEMPLATES = ("T", "D", "QKN", "BIAS", "SK", "HT", "HQT", "HKVT", "IT")
 DECODE_DTYPES = [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, f32, f32, bf16, bf16, f32, i32,
                  f32, u32]
 
@@ -110,11 +110,11 @@ SPECS = {
         # the fused decode path (metalgen/decode, docs/decode.md): one launch per phase of a layer
         _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
-              tmpl=[bf16, 128, True, False, 9728]),
+              tmpl=[bf16, 128, True, False, 9728, 2560, 32, 8, 9728]),
         # decode v2 (split-K o_proj/down with atomic partial sums, residual folded into the next norm)
         _spec("decode_layer_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
-              tmpl=[bf16, 128, True, False, 9728]),
+              tmpl=[bf16, 128, True, False, 9728, 2560, 32, 8, 9728]),
     ]
 }
 
@@ -125,10 +125,10 @@ CUDA_ONLY_SPECS = {
     for s in [
         _spec("decode_megakernel", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 1), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
-              tmpl=[bf16, 64, False, True, 4864]),
+              tmpl=[bf16, 64, False, True, 4864, 896, 14, 2, 4864]),
         _spec("decode_megakernel_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 1), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
-              tmpl=[bf16, 64, False, True, 4864]),
+              tmpl=[bf16, 64, False, True, 4864, 896, 14, 2, 4864]),
     ]
 }
 

@@ -58,6 +58,27 @@ def test_stacking_rebinds_views(qwen3):
     assert w.wqkv.shape == (w.layers, w.qkv_dim, w.hidden)
 
 
+def test_decoder_templates_name_the_model_sizes():
+    # the kernel folds the model's sizes at compile time (HT, HQT, HKVT, IT): the decoder must pass
+    # exactly the spec's template parameters, with the stacked weights' sizes (qwen3-0.6b's, as the
+    # decoder reads them; no weights needed)
+    from types import SimpleNamespace
+
+    from metalgen.decode.gpu import MegakernelDecoder
+
+    w = SimpleNamespace(dtype=mx.bfloat16, head_dim=128, hidden=1024, inter=3072, heads=16, kv_heads=8,
+                        q_dim=2048, qkv_dim=4096, layers=28, qk_norm=True, has_bias=False, eps=1e-6)
+    dec = MegakernelDecoder(w, blocks=8)
+    names = [n for n, _ in dec.template]
+    assert tuple(names) == S.DECODE_TEMPLATES
+    vals = dict(dec.template)
+    assert (vals["HT"], vals["HQT"], vals["HKVT"], vals["IT"]) == (w.hidden, w.heads, w.kv_heads, w.inter)
+    assert vals["SK"] >= max(w.hidden, w.q_dim, w.inter) and vals["D"] == w.head_dim
+    text = S.body(S.CUDA_ONLY_SPECS["decode_megakernel"], "cuda")
+    for n in ("HT", "HQT", "HKVT", "IT"):
+        assert re.search(rf"constexpr int \w+ = {n};", text), n
+
+
 def test_modes_on_cpu(qwen3):
     import kernels_metal
 

@@ -108,7 +108,8 @@ class _GpuDecoder:
         sk = max(w.hidden, w.q_dim, w.inter)
         self.sk = (sk + 255) // 256 * 256
         self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
-                         ("BIAS", bool(w.has_bias)), ("SK", self.sk)]
+                         ("BIAS", bool(w.has_bias)), ("SK", self.sk), ("HT", w.hidden), ("HQT", w.heads),
+                         ("HKVT", w.kv_heads), ("IT", w.inter)]
         work = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
         # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
         # zeroed between their uses); allocated for both versions
