@@ -2,9 +2,15 @@
 token n is read, as generate_step does) timed in variants.
 
     PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128] [--min-chunk 32,64]
+        [--variants "v:MG_DEF=0;ref:@decode_layer_ref" [--only-variants]]
+
+(`ref:@decode_layer_ref` compiles kernels_metal/bodies/decode_layer_ref.body, e.g. a body from an earlier
+commit: `git show HEAD~1:kernels_metal/bodies/decode_layer.body > kernels_metal/bodies/decode_layer_ref.body`,
+so the old and the new kernel are timed on the same machine in the same call.)
 
 variants: full (kernel + LM head + argmax; with make_sampler()'s greedy instead; that per attention
-split size with --min-chunk), kernel only (no LM head: the next input is a fixed
+split size with --min-chunk; that for megakernels compiled with other #defines of decode_layer.body
+with --variants), kernel only (no LM head: the next input is a fixed
 token), and the LM head + argmax alone on a fixed hidden state. (A variant with every position's
 parameter array built before the timed loop measured 65 us a token faster, which led to
 gpu.py's parameter blocks.)
@@ -13,12 +19,14 @@ gpu.py's parameter blocks.)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import mlx.core as mx
 
 from metalgen.api import load
 from metalgen.decode.check import prefill_random
+from kernels_metal import source as S
 from metalgen.decode import gpu
 from metalgen.decode.path import make_step
 from metalgen.sampling import make_sampler
@@ -28,6 +36,34 @@ def fresh(model, tokens):
     logits, cache = prefill_random(model, 128)
     step = make_step(model, cache, 128, tokens + 8, "megakernel_v1")
     return step, mx.argmax(logits, axis=-1).astype(mx.int32)
+
+
+def variant(model, step, label: str, defines):
+    """A decoder like `step`'s (the model keeps that one) running a copy of its kernel spec with
+    other #defines (and with ("@", name), bodies/name.body instead of the spec's body), on `step`'s
+    state, and a step function for it."""
+    base_dec = step.decoder
+    dec = type(base_dec)(base_dec.w, base_dec.blocks, base_dec.version)
+    base = S.CUDA_ONLY_SPECS[base_dec.kernel_name]
+    name = f"{base.name}__{label}"
+    body = dict(defines).pop("@", base.body)
+    defines = [d for d in defines if d[0] != "@"]
+    if name not in S.CUDA_ONLY_SPECS:
+        kept = tuple(d for d in base.defines if d[0] not in dict(defines))
+        S.CUDA_ONLY_SPECS[name] = dataclasses.replace(base, name=name, body=body, defines=kept + tuple(defines))
+    dec.kernel_name = name
+    state = step.state
+    return dec, state, lambda t: model.logits(dec.step(state, t))
+
+
+def parse_variants(text):
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        label, _, defs = part.partition(":")
+        # "@name" compiles bodies/name.body instead of the spec's own body
+        out.append((label, [("@", d[1:]) if d.startswith("@") else (d.split("=")[0], int(d.split("=")[1]))
+                            for d in filter(None, defs.split(","))]))
+    return out
 
 
 def pipelined(fn, tok, n):
@@ -49,6 +85,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--min-chunk", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="also time the full token with these attention split sizes (e.g. 32,64)")
+    ap.add_argument("--variants", type=parse_variants, default=[],
+                    help="label:DEF=v,...;label2:... megakernels with other #defines, timed after the default")
+    ap.add_argument("--only-variants", action="store_true", help="time the default and the variants only")
     args = ap.parse_args()
     min_chunk = gpu.MIN_CHUNK
     n = args.tokens
@@ -62,6 +101,21 @@ def main():
         sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
         print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
+        for label, defines in args.variants:
+            step, tok = fresh(model, n)
+            dec, state, vstep = variant(model, step, label, defines)
+            sampled = lambda t: sampler(vstep(t))[0]  # noqa: E731
+            print(f"  full, greedy, {label:<17} {pipelined(sampled, tok, n):8.1f}")
+            step, tok = fresh(model, n)
+            dec, state, _ = variant(model, step, label, defines)
+            fixed = tok
+
+            def kernel_only_v(t):
+                h = dec.step(state, fixed)
+                return (h[0, :1] * 0).astype(mx.int32) + fixed
+            print(f"  kernel only, {label:<18} {pipelined(kernel_only_v, tok, n):8.1f}")
+        if args.only_variants:
+            continue
         for mc in args.min_chunk:
             # attention positions per (head, split) item at least: the split count (gpu.MIN_CHUNK)
             gpu.MIN_CHUNK = mc
