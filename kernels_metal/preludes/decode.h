@@ -18,6 +18,29 @@ MG_FN float mg_dot8(mg_u4 a, mg_u4 b) {
          a3.x * b3.x + a3.y * b3.y;
 }
 
+// acc plus one lane's dots of up to N 16-byte chunks, w[k + 256 j] . xs[k + 256 j] for k + 256 j < k1,
+// in order of j, every chunk loaded before the first multiply (one round trip). STREAM: streaming
+// loads that leave no L1 line (decode v2); else read-only loads.
+template <typename T, int N, bool STREAM>
+MG_FN float mg_chunks_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t k, uint32_t k1, float acc) {
+  mg_u4 r[N];
+#pragma unroll
+  for (uint32_t j = 0; j < (uint32_t)N; ++j) {
+    if (k + 256u * j < k1) {
+      if (STREAM) {
+        r[j] = MG_LOAD_U4_STREAM(w + k + 256u * j);
+      } else {
+        r[j] = MG_LOAD_U4_NC(w + k + 256u * j);
+      }
+    }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < (uint32_t)N; ++j) {
+    if (k + 256u * j < k1) acc += mg_dot8<T>(r[j], MG_LOAD_SHARED_U4(xs + k + 256u * j));
+  }
+  return acc;
+}
+
 // One lane-group (32 lanes): dot(w[0:K], xs[0:K]), K a multiple of 8, xs 16-byte aligned.
 // Each lane reads 16 bytes at a time, four rows of 16 bytes in flight; the last (up to three)
 // chunks of a lane are all loaded before the first multiply too, so a row of K <= 1024 costs one
@@ -34,15 +57,7 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
     acc += mg_dot8<T>(w0, MG_LOAD_SHARED_U4(xs + k)) + mg_dot8<T>(w1, MG_LOAD_SHARED_U4(xs + k + 256u)) +
            mg_dot8<T>(w2, MG_LOAD_SHARED_U4(xs + k + 512u)) + mg_dot8<T>(w3, MG_LOAD_SHARED_U4(xs + k + 768u));
   }
-  mg_u4 r[3];
-#pragma unroll
-  for (uint32_t j = 0; j < 3u; ++j) {
-    if (k + 256u * j < K) r[j] = MG_LOAD_U4_NC(w + k + 256u * j);
-  }
-#pragma unroll
-  for (uint32_t j = 0; j < 3u; ++j) {
-    if (k + 256u * j < K) acc += mg_dot8<T>(r[j], MG_LOAD_SHARED_U4(xs + k + 256u * j));
-  }
+  acc = mg_chunks_dot<T, 3, false>(w, xs, k, K, acc);
   return mg_lanes_sum(acc);
 }
 
@@ -93,17 +108,7 @@ template <typename T>
 MG_FN float mg_warp_dot_part(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t k0, uint32_t k1,
                              uint32_t lane) {
   float acc = 0.0f;
-  for (uint32_t kb = k0 + lane * 8u; kb < k1; kb += 1024u) {
-    mg_u4 wv[4];
-#pragma unroll
-    for (uint32_t j = 0; j < 4u; ++j) {
-      if (kb + 256u * j < k1) wv[j] = MG_LOAD_U4_STREAM(w + kb + 256u * j);
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < 4u; ++j) {
-      if (kb + 256u * j < k1) acc += mg_dot8<T>(wv[j], MG_LOAD_SHARED_U4(xs + kb + 256u * j));
-    }
-  }
+  for (uint32_t kb = k0 + lane * 8u; kb < k1; kb += 1024u) acc = mg_chunks_dot<T, 4, true>(w, xs, kb, k1, acc);
   return mg_lanes_sum(acc);
 }
 
