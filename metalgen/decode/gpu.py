@@ -103,6 +103,8 @@ class _GpuDecoder:
             raise ValueError("the decode kernels need head_dim in {64, 128, 192, 256}, hidden and "
                              "intermediate sizes divisible by 8")
         self.w = w
+        # the kernel's steps for one token: 5 phases a layer, then the final norm (decode_layer.body)
+        self.steps = 5 * w.layers + 1
         self.blocks = blocks or grid_blocks()
         self.max_splits = max(1, self.blocks // w.heads)
         sk = max(w.hidden, w.q_dim, w.inter)
@@ -123,7 +125,7 @@ class _GpuDecoder:
         self.stamp_offset = self.barrier_offset + 32
         # the megakernel's merged attention output (q_dim floats) and per-head split counters
         # (zero at start; the merging group resets its head's)
-        self.merge_offset = (self.stamp_offset + 3 * (5 * w.layers + 1) + 3 + 31) // 32 * 32
+        self.merge_offset = (self.stamp_offset + 3 * self.steps + 3 + 31) // 32 * 32
         self.scratch_size = self.merge_offset + w.q_dim + w.heads
         self.stamp_steps = False
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
@@ -160,7 +162,7 @@ class _GpuDecoder:
         key = (block, state.capacity, use_emb, s_begin, s_end, self.stamp_steps)
         table = self._param_cache.get(key)
         if table is None:
-            if len(self._param_cache) >= 8 * (5 * self.w.layers + 1):  # a few blocks of every phase
+            if len(self._param_cache) >= 8 * self.steps:  # a few blocks of every phase
                 self._param_cache.clear()
             first = block * PARAM_BLOCK
             rows = [self._param_row(p, state.capacity, use_emb, s_begin, s_end)
@@ -215,7 +217,7 @@ class MegakernelDecoder(_GpuDecoder):
         reads the scratch back."""
         import numpy as np
 
-        n = 5 * self.w.layers + 1
+        n = self.steps
         raw = np.array(state.scratch[self.stamp_offset:self.stamp_offset + 3 * n + 3]).view(np.uint32)
         ns = float((int(raw[1]) - int(raw[0])) & 0xFFFFFFFF)
         cycles = ((raw[3:] - raw[2]) & 0xFFFFFFFF).astype(np.float64)  # since the start
@@ -243,7 +245,7 @@ class MegakernelDecoder(_GpuDecoder):
 
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)
-        params = self._params(state, use_emb, 0, 5 * self.w.layers + 1)
+        params = self._params(state, use_emb, 0, self.steps)
         out, state.dep = self._launch(state, tok, emb, params, self._dep(state))
         state.pos += 1
         return out.reshape(1, -1)
@@ -257,7 +259,7 @@ class FusedDecoder(_GpuDecoder):
         tok, emb, use_emb = self._inputs(state, token, embedding)
         dep = self._dep(state)
         out = None
-        for s in range(5 * self.w.layers + 1):
+        for s in range(self.steps):
             out, dep = self._launch(state, tok, emb, self._params(state, use_emb, s, s + 1), dep)
         state.dep = dep
         state.pos += 1
