@@ -135,10 +135,11 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
             if qk_norm:
                 a.q_norm["weight"] = qkn[l, 0]
                 a.k_norm["weight"] = qkn[l, 1]
-            a.o_proj["weight"] = wo[l]
+            # `wo[l, ...]` is a view; a bare integer index would gather a copy (memory would double)
+            a.o_proj["weight"] = wo[l, ...]
             m.gate_proj["weight"] = wgu[l, 0]
             m.up_proj["weight"] = wgu[l, 1]
-            m.down_proj["weight"] = wd[l]
+            m.down_proj["weight"] = wd[l, ...]
             layer.input_layernorm["weight"] = norms[l, 0]
             layer.post_attention_layernorm["weight"] = norms[l, 1]
             views += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
