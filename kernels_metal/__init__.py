@@ -13,7 +13,7 @@ import functools
 import mlx.core as mx
 
 from . import reference
-from .reference import RopeTable, rope_table, make_sample_state
+from .reference import Experts, RopeTable, rope_table, make_sample_state
 
 __all__ = [
     "backend",
@@ -29,8 +29,18 @@ __all__ = [
     "quantized_linear",
     "sample",
     "make_sample_state",
+    "Experts",
+    "moe_route",
+    "moe_experts",
+    "MOE_MAX_EXPERTS",
+    "MOE_MAX_TOP_K",
     "GEMV_MAX_ROWS",
 ]
+
+# the MoE kernels' limits: a router row's probabilities sit in one group's shared memory, the chosen
+# experts' partial sums in registers
+MOE_MAX_EXPERTS = 1024
+MOE_MAX_TOP_K = 16
 
 _VERBOSE = False
 
@@ -135,3 +145,17 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
 def sample(logits, temperature, top_k, top_p, min_p, state):
     """Fused temperature / top-k / top-p / min-p and Gumbel-max draw; (tokens, logprobs, next_state)."""
     return _impl_for("sample").sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state)
+
+
+def moe_route(logits, top_k, norm_topk_prob):
+    """MoE router: logits (T, E) -> (scores (T, top_k) logits.dtype, inds (T, top_k) int32): the
+    top_k experts by float32 softmax probability (ties to the smaller id), descending, renormalised
+    over the chosen ones when norm_topk_prob."""
+    return _impl_for("moe_route").moe_route(logits, int(top_k), bool(norm_topk_prob))
+
+
+def moe_experts(x, inds, scores, gate, up, down):
+    """The routed SwiGLU experts: x (T, H), inds and scores (T, k), each projection an `Experts`
+    (stacked (E, out, in), dense or MLX-quantized) -> (T, H) = sum_j scores[:, j] * expert(x) for
+    the experts inds[:, j]; only the chosen experts' weights are read."""
+    return _impl_for("moe_experts").moe_experts(x, inds, scores, gate, up, down)

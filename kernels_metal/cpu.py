@@ -69,3 +69,63 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
 
 def sample(logits, temperature, top_k, top_p, min_p, state):
     return ref.sample(logits, temperature, top_k, top_p, min_p, state)
+
+
+def moe_route(logits, top_k, norm_topk_prob):
+    # softmax, then the k most probable by sort (MLX's own ops); equals the reference wherever no
+    # two experts are exactly as probable
+    p = mx.softmax(logits.astype(mx.float32), axis=-1)
+    inds = mx.argsort(-p, axis=-1)[..., :top_k].astype(mx.int32)
+    top = mx.take_along_axis(p, inds, axis=-1)
+    if norm_topk_prob:
+        top = top / mx.sum(top, axis=-1, keepdims=True)
+    return top.astype(logits.dtype), inds
+
+
+# A routing of at most this many (token, expert) pairs takes each pair's expert weights by gather;
+# more go through the grouped product (mx.gather_mm / gather_qmm over assignments sorted by expert).
+MOE_GATHER_MAX_PAIRS = 64
+
+
+def _expert_product(x, ex, inds, sorted_):
+    """x (N, 1, in) @ expert_{inds}.T -> (N, 1, out) in x.dtype, one expert per row of x."""
+    if ex.bits:
+        return mx.gather_qmm(x, ex.weight, ex.scales, ex.biases, rhs_indices=inds, transpose=True,
+                             group_size=ex.group_size, bits=ex.bits, sorted_indices=sorted_)
+    w = ex.weight.swapaxes(-1, -2)
+    if x.dtype != mx.float32:
+        # MLX's CPU gather_mm takes float32 only: product in float32, rounded once, as a GEMM rounds
+        return mx.gather_mm(x.astype(mx.float32), w.astype(mx.float32), rhs_indices=inds,
+                            sorted_indices=sorted_).astype(x.dtype)
+    return mx.gather_mm(x, w, rhs_indices=inds, sorted_indices=sorted_)
+
+
+def moe_experts(x, inds, scores, gate, up, down):
+    T, H = x.shape
+    k = inds.shape[-1]
+    flat = inds.reshape(-1)
+    if T * k <= MOE_GATHER_MAX_PAIRS and not gate.bits:
+        # (T, k, out, in) weights gathered: small, and native-dtype products
+        xs = x[:, None, :, None]
+        g = (mx.take(gate.weight, inds, axis=0) @ xs)[..., 0]
+        u = (mx.take(up.weight, inds, axis=0) @ xs)[..., 0]
+        a = nn_silu(g) * u
+        y = (mx.take(down.weight, inds, axis=0) @ a[..., None])[..., 0]  # (T, k, H)
+    else:
+        order = mx.argsort(flat)
+        rows = order // k
+        xs = x[rows][:, None, :]  # (T*k, 1, H), by expert
+        e = flat[order]
+        a = nn_silu(_expert_product(xs, gate, e, True)) * _expert_product(xs, up, e, True)
+        ys = _expert_product(a, down, e, True)[:, 0, :]
+        y = ys[mx.argsort(order)].reshape(T, k, H)
+    return (scores.astype(mx.float32)[..., None] * y.astype(mx.float32)).sum(axis=1).astype(x.dtype)
+
+
+def nn_silu(x):
+    # mlx.nn.silu's arithmetic (x * sigmoid(x), each rounded to x.dtype), without importing mlx.nn
+    return x * mx.sigmoid(x)
+
+
+def moe_pack(inds, num_experts, block):
+    return ref.moe_pack(inds, num_experts, block)

@@ -52,7 +52,8 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # and a win at 32k with G=4 (144 vs 161); the sampler 61-145 vs 313-680 for its MLX form
 # (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
-ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear"})  # the last two choose inside
+ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack"})
+# (linear, quantized_linear and moe_experts choose a kernel or a built-in inside)
 
 
 def custom_wins(kernel: str, length: int = 0) -> bool:
@@ -341,3 +342,126 @@ def sample(logits, temperature, top_k, top_p, min_p, state):
                        grid=(B * 1024, 1, 1), threadgroup=(1024, 1, 1), output_shapes=[(B,), (B,), (2,)],
                        output_dtypes=[mx.int32, mx.float32, mx.uint32])
     return tok, lp, ns
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts (docs/kernels.md)
+
+# Routings of at most this many tokens run the gathered expert GEMV kernels (moe_gate_up, moe_down),
+# which read only the chosen experts' rows once per (token, expert); longer ones the grouped GEMM:
+# assignments grouped by expert into blocks of MOE_BLOCK rows (moe_pack) and one mx.gather_mm /
+# gather_qmm per projection over the blocks.
+MOE_GEMV_MAX_TOKENS = 4
+MOE_BLOCK = 64
+# "blocks" (above) or "sorted": mlx-lm's formulation (one row per assignment, sorted by expert, the
+# built-in's grouped path), kept for the benchmarks' comparison
+MOE_GROUPED = "blocks"
+MOE_WARPS = 4
+
+
+def moe_route(logits, top_k, norm_topk_prob):
+    T, E = logits.shape
+
+    def fb():
+        return ref.moe_route(logits, top_k, norm_topk_prob)
+
+    if logits.dtype not in _GPU_DTYPES or E > 1024 or top_k > 16 or T == 0:
+        return fb()
+    nt = _tg(min(E, 256))
+    return tuple(_run("moe_route", (logits.dtype,), fb, inputs=[logits, _i32(E, top_k, int(bool(norm_topk_prob)))],
+                      template=[("T", logits.dtype)], grid=(T * nt, 1, 1), threadgroup=(nt, 1, 1),
+                      output_shapes=[(T, top_k), (T, top_k)], output_dtypes=[logits.dtype, mx.int32]))
+
+
+def _experts_inputs(ex):
+    return [ex.weight] if not ex.bits else [ex.weight, ex.scales, ex.biases]
+
+
+def _gemv_ok(x, gate, up, down):
+    """Whether the gathered expert GEMV kernels take these shapes and dtypes."""
+    if x.dtype not in (mx.bfloat16, mx.float16):
+        return False
+    exs = (gate, up, down)
+    if len({(e.bits, e.group_size) for e in exs}) != 1:
+        return False
+    bits = gate.bits
+    vpc = {0: 8, 4: 32, 8: 16}.get(bits)
+    if vpc is None or gate.in_dims % vpc or down.in_dims % vpc:
+        return False
+    if bits:
+        return all(e.group_size % vpc == 0 and e.scales.dtype == e.biases.dtype for e in exs)
+    return all(e.weight.dtype == x.dtype for e in exs)
+
+
+def moe_gemv(x, inds, scores, gate, up, down):
+    """The routed experts by the gathered GEMV kernels (checked shapes: `_gemv_ok`)."""
+    T, H = x.shape
+    k = inds.shape[1]
+    I = gate.out_dims
+    bits = gate.bits
+    sfx = f"_q{bits}" if bits else ""
+    tmpl = [("T", x.dtype), ("NW", MOE_WARPS)]
+    if bits:
+        tmpl += [("S", gate.scales.dtype), ("GS", gate.group_size)]
+    tkey = (x.dtype, bits, gate.group_size, gate.scales.dtype if bits else None)
+    params = _i32(H, I, k, T)
+    tg = 32 * MOE_WARPS
+    act = _run("moe_gate_up" + sfx, tkey, lambda: ref.moe_act(x, inds, gate, up),
+               inputs=[x, inds] + _experts_inputs(gate) + _experts_inputs(up) + [params], template=tmpl,
+               grid=(-(-T * k * I // MOE_WARPS) * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[(T, k, I)],
+               output_dtypes=[x.dtype])[0]
+    return _run("moe_down" + sfx, tkey, lambda: ref.moe_combine(act, inds, scores, down),
+                inputs=[act, inds, scores.astype(x.dtype)] + _experts_inputs(down) + [params], template=tmpl,
+                grid=(-(-T * H // MOE_WARPS) * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[(T, H)],
+                output_dtypes=[x.dtype])[0]
+
+
+def moe_pack(inds, num_experts, block):
+    A = inds.shape[0]
+    nblk = -(-A // block) + num_experts
+
+    def fb():
+        return ref.moe_pack(inds, num_experts, block)
+
+    if num_experts > 1024 or A == 0:
+        return fb()
+    return tuple(_run("moe_pack", (block,), fb, inputs=[inds.astype(mx.int32), _i32(A, num_experts, nblk)],
+                      template=[("B", block)], grid=(1024, 1, 1), threadgroup=(1024, 1, 1),
+                      output_shapes=[(nblk * block,), (A,), (nblk,)], output_dtypes=[mx.int32] * 3))
+
+
+def _grouped_product(xb, ex, bexp):
+    """xb (nblk, B, in) @ expert_{bexp[b]}.T for every block b -> (nblk, B, out)."""
+    if ex.bits:
+        return mx.gather_qmm(xb, ex.weight, ex.scales, ex.biases, rhs_indices=bexp, transpose=True,
+                             group_size=ex.group_size, bits=ex.bits)
+    return mx.gather_mm(xb, ex.weight.swapaxes(-1, -2), rhs_indices=bexp)
+
+
+def moe_grouped(x, inds, scores, gate, up, down, block=None):
+    """The routed experts as grouped GEMMs over blocks of one expert's assignments (moe_pack):
+    gate and up, SwiGLU, down, then each assignment's row back in token order and the weighted sum."""
+    from .cpu import nn_silu
+
+    T, H = x.shape
+    k = inds.shape[1]
+    E = gate.weight.shape[0]
+    B = block or MOE_BLOCK
+    src, dst, bexp = moe_pack(inds.reshape(-1), E, B)
+    nblk = bexp.shape[0]
+    # (nblk * B,) rows -> their tokens (padding rows take token 0; their products are never read)
+    xb = x[mx.maximum(src, 0) // k].reshape(nblk, B, H)
+    a = nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)
+    y = _grouped_product(a, down, bexp).reshape(nblk * B, H)[dst].reshape(T, k, H)
+    return (scores.astype(mx.float32)[..., None] * y.astype(mx.float32)).sum(axis=1).astype(x.dtype)
+
+
+def moe_experts(x, inds, scores, gate, up, down):
+    T = x.shape[0]
+    if T <= MOE_GEMV_MAX_TOKENS and _gemv_ok(x, gate, up, down):
+        return moe_gemv(x, inds, scores, gate, up, down)
+    if MOE_GROUPED == "sorted":
+        from . import cpu
+
+        return cpu.moe_experts(x, inds, scores, gate, up, down)
+    return moe_grouped(x, inds, scores, gate, up, down)

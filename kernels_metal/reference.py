@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +31,13 @@ __all__ = [
     "make_sample_state",
     "hash_uniform",
     "U32",
+    "Experts",
+    "expert_weights",
+    "moe_route",
+    "moe_experts",
+    "moe_act",
+    "moe_combine",
+    "moe_pack",
 ]
 
 
@@ -299,3 +307,112 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     lse = mx.logsumexp(lf, axis=-1)
     lp = mx.take_along_axis(lf, tok[:, None], axis=-1)[:, 0] - lse
     return tok, lp.astype(mx.float32), advance_state(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mixture of experts
+
+
+class Experts(NamedTuple):
+    """One projection of a layer's experts, stacked on axis 0: weight (E, out, in) floating, or MLX
+    affine-quantized (bits 4 or 8): weight (E, out, in * bits / 32) uint32 with scales and biases
+    (E, out, in / group_size)."""
+
+    weight: mx.array
+    scales: Optional[mx.array] = None
+    biases: Optional[mx.array] = None
+    group_size: int = 0
+    bits: int = 0  # 0: not quantized
+
+    @property
+    def out_dims(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def in_dims(self) -> int:
+        return self.weight.shape[2] * 32 // self.bits if self.bits else self.weight.shape[2]
+
+
+def expert_weights(ex: Experts, inds: mx.array) -> mx.array:
+    """The experts `inds` (any shape) as float32 matrices: (*inds.shape, out, in)."""
+    w = ex.weight[inds]
+    if not ex.bits:
+        return w.astype(mx.float32)
+    return mx.dequantize(w, ex.scales[inds], ex.biases[inds], group_size=ex.group_size,
+                         bits=ex.bits).astype(mx.float32)
+
+
+def moe_route(logits: mx.array, top_k: int, norm_topk_prob: bool):
+    """Router: softmax over the experts in float32, the top_k most probable (ties to the smaller
+    expert id), in descending order, renormalised to sum 1 when norm_topk_prob. logits (T, E).
+    Returns (scores (T, top_k) in logits.dtype, as transformers casts them, inds (T, top_k) int32)."""
+    p = mx.softmax(logits.astype(mx.float32), axis=-1)
+    E = p.shape[-1]
+    # rank of each expert: how many are more probable, or as probable with a smaller id
+    pe, pj = p[..., :, None], p[..., None, :]
+    ids = mx.arange(E)
+    ahead = (pj > pe) | ((pj == pe) & (ids[None, :] < ids[:, None]))
+    rank = mx.sum(ahead.astype(mx.int32), axis=-1)  # (T, E), a permutation of 0..E-1 per row
+    inds = mx.argsort(rank, axis=-1)[..., :top_k].astype(mx.int32)
+    top = mx.take_along_axis(p, inds, axis=-1)
+    if norm_topk_prob:
+        top = top / mx.sum(top, axis=-1, keepdims=True)
+    return top.astype(logits.dtype), inds
+
+
+def _round(a: mx.array, dtype) -> mx.array:
+    return a.astype(dtype).astype(mx.float32)
+
+
+def moe_act(x: mx.array, inds: mx.array, gate: Experts, up: Experts) -> mx.array:
+    """The chosen experts' SwiGLU activations: x (T, H), inds (T, k) -> (T, k, I) in x.dtype, with
+    g = x.Wg and u = x.Wu rounded to x.dtype, silu(g) = g * sigmoid(g) and silu(g) * u rounded where
+    the plain MLX path rounds them."""
+    dt = x.dtype
+    xf = x.astype(mx.float32)[:, None, None, :]  # (T, 1, 1, H)
+    g = _round((xf * expert_weights(gate, inds)).sum(-1), dt)  # (T, k, I)
+    u = _round((xf * expert_weights(up, inds)).sum(-1), dt)
+    return _round(_round(g * _round(mx.sigmoid(g), dt), dt) * u, dt).astype(dt)
+
+
+def moe_combine(act: mx.array, inds: mx.array, scores: mx.array, down: Experts) -> mx.array:
+    """The chosen experts' down projections weighted by their scores and summed: act (T, k, I) ->
+    (T, H); each expert's output rounded to act.dtype, the weighted sum float32, rounded once."""
+    dt = act.dtype
+    af = act.astype(mx.float32)[:, :, None, :]  # (T, k, 1, I)
+    y = _round((af * expert_weights(down, inds)).sum(-1), dt)  # (T, k, H)
+    return (scores.astype(mx.float32)[..., None] * y).sum(axis=1).astype(dt)
+
+
+def moe_experts(x: mx.array, inds: mx.array, scores: mx.array, gate: Experts, up: Experts, down: Experts
+                ) -> mx.array:
+    """The routed SwiGLU experts, weighted and summed: x (T, H), inds and scores (T, k) -> (T, H)
+    (moe_act, then moe_combine)."""
+    return moe_combine(moe_act(x, inds, gate, up), inds, scores, down)
+
+
+def moe_pack(inds: mx.array, num_experts: int, block: int):
+    """Group the T*k (token, slot) assignments by expert into blocks of `block` rows, each block
+    holding one expert's rows (the grouped GEMM's layout), with a static bound on the blocks:
+    nblk = ceil(A / block) + E. inds (A,) int32, the flattened routing.
+
+    Returns (src (nblk * block,) int32: the assignment of each row, -1 for padding;
+    dst (A,) int32: the row of each assignment; bexp (nblk,) int32: the expert of each block, 0 for
+    unused blocks). Here rows keep the assignments' order within an expert; the kernels may order
+    them otherwise (any order gives the same products)."""
+    A = inds.shape[0]
+    E, B = num_experts, block
+    nblk = -(-A // B) + E
+    e = inds.astype(mx.int32)
+    onehot = (e[:, None] == mx.arange(E)[None, :]).astype(mx.int32)  # (A, E)
+    counts = onehot.sum(0)
+    nb = (counts + B - 1) // B
+    bstart = mx.cumsum(nb) - nb  # first block of each expert
+    rank = (mx.cumsum(onehot, axis=0) - onehot)[mx.arange(A), e]  # earlier assignments, same expert
+    dst = bstart[e] * B + rank
+    src = mx.full((nblk * B,), -1, mx.int32)
+    src[dst] = mx.arange(A, dtype=mx.int32)
+    b = mx.arange(nblk)
+    inside = (b[:, None] >= bstart[None, :]) & (b[:, None] < (bstart + nb)[None, :])  # (nblk, E)
+    bexp = mx.sum(inside.astype(mx.int32) * mx.arange(E)[None, :], axis=1).astype(mx.int32)
+    return src, dst.astype(mx.int32), bexp

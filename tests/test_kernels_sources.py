@@ -97,3 +97,26 @@ def test_stub_compile_catches_typos(tmp_path):
     assert _compile(bad, tmp_path, "typo").returncode != 0
     leak = prog.replace("MG_BARRIER();", "__syncthreads();", 1)
     assert _compile(leak, tmp_path, "leak").returncode != 0
+
+
+NVCC = shutil.which("nvcc")
+
+
+def _nvcc(text, tmp_path, name):
+    src = tmp_path / f"{name}.cu"
+    src.write_text("#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
+                   "#include <cooperative_groups.h>\n" + text)
+    return subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(src), "-o",
+                           str(tmp_path / f"{name}.o")], capture_output=True, text=True, timeout=300)
+
+
+# the decode layer kernels have their own nvcc test (tests/test_decode_paths.py)
+NVCC_KERNELS = [k for k in S.KERNELS if not k.startswith("decode_layer")]
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc")
+@pytest.mark.parametrize("name", NVCC_KERNELS)
+def test_cuda_variants_compile_with_nvcc(tmp_path, name):
+    r = _nvcc(S.cuda_program(S.SPECS[name]), tmp_path, name)
+    assert r.returncode == 0, r.stderr[:3000]
+    assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
