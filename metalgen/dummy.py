@@ -1,16 +1,22 @@
 """`dummy:<shape>` models: real architectures with seeded random weights, made in memory.
 
 They serve benchmarks, the offline demo and tests: the compute and memory traffic of the
-real model, with the real Qwen tokenizer shipped in this package, and no download.
+real model, with the real Qwen tokenizer shipped in this package, and no download. Any shape takes a
+`-4bit` or `-8bit` suffix (`dummy:qwen3-30b-a3b-4bit`): its weights are then MLX affine-quantized
+with group size 64 as `mlx_lm.convert` quantizes that model type, so that quantized speed can be
+measured offline.
 """
 
 from __future__ import annotations
 
+import re
+import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .errors import MetalgenError
@@ -18,6 +24,7 @@ from .models import build_model
 
 _QWEN_VOCAB = 151936
 _QWEN_EOS = [151645, 151643]  # <|im_end|>, <|endoftext|>
+QUANT_GROUP_SIZE = 64
 
 
 def _qwen2(hidden, layers, heads, kv_heads, inter, tied=True, vocab=_QWEN_VOCAB):
@@ -38,6 +45,21 @@ def _qwen3(hidden, layers, heads, kv_heads, inter, tied=True, vocab=_QWEN_VOCAB)
     )
 
 
+def _qwen3_moe(hidden, layers, heads, kv_heads, inter, moe_inter, experts, top_k, **extra):
+    return _qwen3(hidden, layers, heads, kv_heads, inter, tied=False) | dict(
+        model_type="qwen3_moe", moe_intermediate_size=moe_inter, num_experts=experts,
+        num_experts_per_tok=top_k, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    ) | extra
+
+
+def _qwen2_moe(hidden, layers, heads, kv_heads, inter, moe_inter, shared, experts, top_k, **extra):
+    return _qwen2(hidden, layers, heads, kv_heads, inter, tied=False) | dict(
+        model_type="qwen2_moe", moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared,
+        num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], qkv_bias=True,
+    ) | extra
+
+
 # The shapes of the released checkpoints' config.json files.
 SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen2.5-0.5b": _qwen2(896, 24, 14, 2, 4864),
@@ -48,8 +70,19 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144),
     "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728),
     "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
+    # Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B): 128 experts, top 8, 3.3B active of 30.5B
+    "qwen3-30b-a3b": _qwen3_moe(2048, 48, 32, 4, 6144, 768, 128, 8),
+    # Qwen3-235B-A22B: 22B active of 235B (470 GB in bf16, ~130 GB in 4 bits)
+    "qwen3-235b-a22b": _qwen3_moe(4096, 94, 64, 4, 12288, 1536, 128, 8),
+    # Qwen1.5-MoE-A2.7B: 60 experts, top 4, and a shared expert with its sigmoid gate
+    "qwen1.5-moe-a2.7b": _qwen2_moe(2048, 24, 16, 16, 5632, 1408, 5632, 60, 4, max_position_embeddings=8192),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
+    # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top 2
+    "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=32, max_position_embeddings=2048,
+                                 mlp_only_layers=[1], tie_word_embeddings=True),
+    "tiny-qwen2-moe": _qwen2_moe(128, 2, 4, 2, 256, 64, 96, 8, 2, max_position_embeddings=2048,
+                                 tie_word_embeddings=True),
 }
 
 TOKENIZER_ASSET = "qwen3-tokenizer"
@@ -60,34 +93,92 @@ def tokenizer_folder() -> Path:
     return Path(str(resources.files("metalgen") / "assets" / TOKENIZER_ASSET))
 
 
+def parse_shape(name: str) -> Tuple[str, int]:
+    """'qwen3-30b-a3b-4bit' -> ('qwen3-30b-a3b', 4); no suffix -> bits 0."""
+    m = re.fullmatch(r"(.+)-(4|8)bit", name)
+    base, bits = (m.group(1), int(m.group(2))) if m else (name, 0)
+    if base not in SHAPES:
+        raise MetalgenError(f"unknown dummy shape '{name}' (known: {', '.join(SHAPES)}; "
+                            "any of them with -4bit or -8bit)")
+    return base, bits
+
+
 def dummy_config(shape: str) -> Dict[str, Any]:
-    if shape not in SHAPES:
-        raise MetalgenError(f"unknown dummy shape '{shape}' (known: {', '.join(SHAPES)})")
-    return dict(SHAPES[shape], eos_token_ids=list(_QWEN_EOS))
+    """The config of `dummy:<shape>`, with its MLX `quantization` entry for a -4bit / -8bit shape."""
+    base, bits = parse_shape(shape)
+    config = dict(SHAPES[base], eos_token_ids=list(_QWEN_EOS))
+    if bits:
+        config["quantization"] = {"group_size": QUANT_GROUP_SIZE, "bits": bits}
+    return config
+
+
+def quantize_like_mlx_lm(model: nn.Module, config: Dict[str, Any]) -> None:
+    """Swap in quantized layers as mlx_lm.convert does for the config's model type: every layer with
+    an input size divisible by the group size, Qwen3-MoE routers (`mlp.gate`) at 8 bits."""
+    q = config["quantization"]
+    gs, bits = q["group_size"], q["bits"]
+
+    def predicate(path: str, module: nn.Module):
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % gs:
+            return False
+        if config["model_type"] == "qwen3_moe" and path.endswith("mlp.gate"):
+            q[path] = {"group_size": gs, "bits": 8}
+            return q[path]
+        return True
+
+    nn.quantize(model, gs, bits, class_predicate=predicate)
+
+
+def _key(seed: int, name: str) -> mx.array:
+    # one key per parameter, from its name: independent of the order parameters are made in
+    return mx.random.key((seed * 1000003 + zlib.crc32(name.encode())) & 0x7FFFFFFF)
+
+
+def random_weight_dict(model: nn.Module, seed: int = 0, dtype=mx.bfloat16) -> Dict[str, mx.array]:
+    """Seeded N(0, 0.02) weights for matrices, ones for norm scales, as a flat dict of lazy arrays
+    (nothing is made until evaluated). Quantized layers get random float weights quantized with
+    their own group size and bits."""
+    out: Dict[str, mx.array] = {}
+    quantized = {}
+    for path, module in model.named_modules():
+        if "scales" in module and hasattr(module, "group_size"):
+            quantized[path] = module
+    for name, p in tree_flatten(model.parameters()):
+        path, _, leaf = name.rpartition(".")
+        module = quantized.get(path)
+        if module is not None and leaf in ("weight", "scales", "biases"):
+            if leaf == "weight":
+                # (..., out, in): the float shape behind the packed words
+                shape = tuple(module.scales.shape[:-1]) + (module.scales.shape[-1] * module.group_size,)
+                w = (0.02 * mx.random.normal(shape, key=_key(seed, name))).astype(dtype)
+                wq, s, b = mx.quantize(w, module.group_size, module.bits)
+                out[f"{path}.weight"], out[f"{path}.scales"], out[f"{path}.biases"] = wq, s, b
+            continue
+        if name.endswith("norm.weight"):
+            out[name] = mx.ones(p.shape, dtype)
+        else:
+            out[name] = (0.02 * mx.random.normal(p.shape, key=_key(seed, name))).astype(dtype)
+    return out
 
 
 def random_weights(model, seed: int = 0, dtype=mx.bfloat16):
-    """Seeded N(0, 0.02) weights for matrices and ones for norm scales."""
-    key = mx.random.key(seed)
-    params = tree_flatten(model.parameters())
-    keys = mx.random.split(key, len(params))
-    new = []
-    for (name, p), k in zip(params, keys):
-        if name.endswith("norm.weight"):
-            value = mx.ones(p.shape, dtype)
-        else:
-            value = (0.02 * mx.random.normal(p.shape, key=k)).astype(dtype)
-        new.append((name, value))
-    return tree_unflatten(new)
+    """`random_weight_dict` as the nested tree `model.update` takes."""
+    return tree_unflatten(list(random_weight_dict(model, seed, dtype).items()))
 
 
 def load_dummy(shape: str, dtype=None):
-    """Build `dummy:<shape>`: returns (model, tokenizer), bf16 unless `dtype` says otherwise."""
+    """Build `dummy:<shape>`: returns (model, tokenizer), bf16 unless `dtype` says otherwise. The
+    weights are made (and MoE experts stacked across layers) a layer at a time, so that memory holds
+    the model once."""
     from .loading import load_tokenizer
 
     config = dummy_config(shape)
     model = build_model(config)
-    model.update(random_weights(model, dtype=dtype or mx.bfloat16))
+    if "quantization" in config:
+        quantize_like_mlx_lm(model, config)
+    weights = random_weight_dict(model, dtype=dtype or mx.bfloat16)
+    weights = model.pack_weights(weights)
+    model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
     return model, load_tokenizer(tokenizer_folder(), config["eos_token_ids"])

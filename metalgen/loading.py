@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from .errors import MetalgenError
 from .models import build_model
+from .models.moe import SwitchLinear, check_expert_quantization
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 # Files a model folder needs; other repository files (READMEs, PyTorch .bin) are skipped.
@@ -155,9 +156,12 @@ def apply_quantization(model: nn.Module, quant: Dict[str, Any], weights: Dict[st
             return False
         if f"{path}.scales" not in weights:
             return False
+        params = {"group_size": quant["group_size"], "bits": quant["bits"], "mode": mode}
         if isinstance(override, dict):
-            return {"mode": mode, **override}
-        return True
+            params.update(override)
+        if isinstance(module, SwitchLinear):
+            check_expert_quantization(path, params["group_size"], params["bits"])
+        return params if isinstance(override, dict) else True
 
     nn.quantize(model, quant["group_size"], quant["bits"], mode=mode, class_predicate=predicate)
 
@@ -193,13 +197,18 @@ def cast_weights(weights: Dict[str, mx.array], dtype: Optional[mx.Dtype]) -> Dic
 def load_weights_strict(module: nn.Module, folder: Path, dtype=None, quantization=None) -> None:
     """Read a folder's safetensors into `module`: sanitized by the module, quantized layers
     swapped in where `quantization` (an MLX config entry) says, every tensor checked, floating
-    weights cast to `dtype`, then evaluated."""
+    weights cast to `dtype`, packed where the module says (`pack_weights`: MoE experts stacked
+    across layers), then evaluated."""
     weights, source = read_weights(folder)
     weights = module.sanitize(weights)
     if quantization is not None:
         apply_quantization(module, quantization, weights)
     check_weights(module, weights, source, folder)
-    module.load_weights(list(cast_weights(weights, parse_dtype(dtype)).items()), strict=True)
+    weights = cast_weights(weights, parse_dtype(dtype))
+    pack = getattr(module, "pack_weights", None)
+    if pack is not None:  # MoE experts stacked across layers, a layer at a time
+        weights = pack(weights)
+    module.load_weights(list(weights.items()), strict=True)
     module.eval()
     mx.eval(module.parameters())
 

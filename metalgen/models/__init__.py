@@ -9,7 +9,9 @@ from ..errors import MetalgenError
 # model_type -> module under metalgen.models defining ModelArgs and Model
 MODEL_TYPES = {
     "qwen2": "qwen2",
+    "qwen2_moe": "qwen2_moe",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
 }
 
 

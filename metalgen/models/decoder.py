@@ -1,8 +1,9 @@
 """The Qwen decoder stack, shared by every Qwen text model file and the speech talkers.
 
 Qwen2/Qwen2.5 and Qwen3 differ only in their attention (q/k/v biases versus per-head q/k
-norms, and whether head_dim is explicit); the model files state those differences through
-`DecoderSpec` and keep their own `ModelArgs`.
+norms, and whether head_dim is explicit), their MoE variants in the feed-forward of the sparse
+layers (models/moe.py); the model files state those differences through `DecoderSpec` and keep
+their own `ModelArgs`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import kernels_metal as K
 
 from ..errors import MetalgenError
 from .base import causal_mask_for
-from .layers import Linear, RMSNorm
+from .layers import MLP, Linear, RMSNorm
+from .moe import ExpertStacks, MoeSpec, SparseMoeBlock, sanitize_experts, stack_problem, stack_sparse_layers
 from .rope import RoPE, RopeConfig
 
 
@@ -37,6 +39,7 @@ class DecoderSpec:
     rope: RopeConfig
     qkv_bias: bool = False
     qk_norm: bool = False
+    moe: Optional[MoeSpec] = None  # the sparse layers (MoE models); None: every layer is dense
 
 
 def spec_from_args(args, **overrides) -> DecoderSpec:
@@ -112,26 +115,17 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, dims: int, hidden_dims: int):
-        super().__init__()
-        self.gate_proj = Linear(dims, hidden_dims, bias=False)
-        self.up_proj = Linear(dims, hidden_dims, bias=False)
-        self.down_proj = Linear(hidden_dims, dims, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
-    """Pre-norm block: attention and MLP, each added back to the residual stream."""
+    """Pre-norm block: attention and the feed-forward (a dense MLP, or in the sparse layers of an
+    MoE model the SparseMoeBlock), each added back to the residual stream."""
 
-    def __init__(self, spec: DecoderSpec, rope: RoPE):
+    def __init__(self, spec: DecoderSpec, rope: RoPE, sparse: bool = False):
         super().__init__()
         self.self_attn = Attention(spec, rope)
-        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
+        if sparse:
+            self.mlp = SparseMoeBlock(spec.hidden_size, spec.moe)
+        else:
+            self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -151,11 +145,15 @@ class DecoderModel(nn.Module):
     def __init__(self, spec: DecoderSpec, rope=None, embed_tokens: bool = True):
         super().__init__()
         self.spec = spec
+        # the sparse layers' experts stacked across layers (MoE models, `pack_experts`); the layers
+        # hold views of these arrays. Underscored: not parameters of their own.
+        self._expert_stacks: Optional[ExpertStacks] = None
         if rope is None:
             rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
         if embed_tokens:
             self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = [DecoderLayer(spec, rope) for _ in range(spec.num_hidden_layers)]
+        self.layers = [DecoderLayer(spec, rope, spec.moe is not None and spec.moe.is_sparse(i))
+                       for i in range(spec.num_hidden_layers)]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def __call__(
@@ -177,6 +175,41 @@ class DecoderModel(nn.Module):
             else:
                 h = layer(h, mask, layer_cache, position_ids)
         return self.norm(h)
+
+    def pack_experts(self, weights: dict, prefix: str = "") -> dict:
+        """Stack the sparse layers' experts in `weights` (`{prefix}layers.{i}.mlp.switch_mlp...`)
+        across layers (moe.stack_sparse_layers, a layer at a time) and return `weights` with those
+        entries replaced by views of the stacks, which `expert_stacks` then gives. Weights whose
+        sparse layers differ in layout (shapes, quantization) are returned unchanged."""
+        moe = self.spec.moe
+        self._expert_stacks = None
+        if moe is None:
+            return weights
+
+        def name(layer, key):
+            return f"{prefix}layers.{layer}.mlp.switch_mlp.{key}"
+
+        def shape_of(layer, key):
+            a = weights.get(name(layer, key))
+            return None if a is None else (tuple(a.shape), a.dtype)
+
+        if stack_problem(self, moe, shape_of) is not None:
+            return weights
+        stacks = stack_sparse_layers(self, moe, lambda layer, key: weights.pop(name(layer, key)))
+        for views, layer in zip(stacks.views, moe.sparse_layers):
+            for key, view in zip(stacks.keys, views):
+                weights[name(layer, key)] = view
+        self._expert_stacks = stacks
+        return weights
+
+    def expert_stacks(self) -> Optional[ExpertStacks]:
+        """The stacks that `pack_experts` made, if the layers still hold their views (None otherwise,
+        and for dense models)."""
+        moe = self.spec.moe
+        st = self._expert_stacks
+        if moe is None or st is None or not st.valid_for(self, moe.sparse_layers):
+            return None
+        return st
 
 
 class CausalLM(nn.Module):
@@ -212,9 +245,17 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.as_linear(h)
 
     def sanitize(self, weights: dict) -> dict:
-        """Drop checkpoint entries that carry no parameters of ours."""
+        """Drop checkpoint entries that carry no parameters of ours; MoE experts in any published
+        layout become the stacked `switch_mlp` tensors (models/moe.py)."""
         weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
         if "lm_head" not in self:
             # Tied checkpoints sometimes also store the head; it equals the embedding.
             weights.pop("lm_head.weight", None)
+        if self.spec.moe is not None:
+            weights = sanitize_experts(weights, self.spec.moe.num_experts)
         return weights
+
+    def pack_weights(self, weights: dict) -> dict:
+        """The loader's last step before the weights go in: the experts of MoE models stacked
+        across layers (DecoderModel.pack_experts)."""
+        return self.model.pack_experts(weights, prefix="model.")

@@ -49,3 +49,16 @@ class RMSNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return K.rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = Linear(dims, hidden_dims, bias=False)
+        self.up_proj = Linear(dims, hidden_dims, bias=False)
+        self.down_proj = Linear(hidden_dims, dims, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
