@@ -66,6 +66,13 @@ DECODE_INPUTS = ("tok", "emb", "embed", "wqkv", "bqkv", "qkn", "wo", "wgu", "wd"
 DECODE_TEMPLATES = ("T", "D", "QKN", "BIAS", "SK", "HT", "HQT", "HKVT", "IT")
 DECODE_DTYPES = [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, f32, f32, bf16, bf16, f32, i32,
                  f32, u32]
+# decoders with sparse MoE layers (MG_MOE 1): the layer table, the routers, the experts, the shared expert
+DECODE_MOE_INPUTS = DECODE_INPUTS + ("ltab", "wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
+DECODE_MOE_TEMPLATES = DECODE_TEMPLATES + ("EXT", "KX", "MIT", "SIT")
+DECODE_MOE_DTYPES = DECODE_DTYPES + [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16]
+# Qwen3-30B-A3B's sizes, and Qwen1.5-MoE-A2.7B's (shared expert, q/k/v biases, head dim 128)
+QWEN3_MOE_TMPL = [bf16, 128, True, False, 6144, 2048, 32, 4, 6144, 128, 8, 768, 0]
+QWEN2_MOE_TMPL = [bf16, 128, False, True, 5632, 2048, 16, 16, 5632, 60, 4, 1408, 5632]
 
 SPECS = {
     s.name: s
@@ -138,6 +145,10 @@ SPECS = {
         _spec("decode_layer_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 128, True, False, 9728, 2560, 32, 8, 9728]),
+        # with sparse MoE layers (6 phases a layer)
+        _spec("decode_layer_moe", "decode_layer", DECODE_MOE_INPUTS, ["out", "sync"], DECODE_MOE_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("decode.h",), dtypes=DECODE_MOE_DTYPES,
+              out=[bf16, u32], tmpl=QWEN2_MOE_TMPL),
     ]
 }
 
@@ -152,6 +163,9 @@ CUDA_ONLY_SPECS = {
         _spec("decode_megakernel_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 1), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 64, False, True, 4864, 896, 14, 2, 4864]),
+        _spec("decode_megakernel_moe", "decode_layer", DECODE_MOE_INPUTS, ["out", "sync"], DECODE_MOE_TEMPLATES,
+              [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("decode.h",), dtypes=DECODE_MOE_DTYPES,
+              out=[bf16, u32], tmpl=QWEN3_MOE_TMPL),
     ]
 }
 
@@ -159,7 +173,7 @@ CUDA_ONLY_SPECS = {
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
-           "moe_down_q8", "moe_pack", "decode_layer", "decode_layer_v2")
+           "moe_down_q8", "moe_pack", "decode_layer", "decode_layer_v2", "decode_layer_moe")
 
 
 def header(spec: KernelSpec, backend: str) -> str:

@@ -50,6 +50,40 @@ def test_reference_same_tokens_as_plain(qwen3):
     assert a == b
 
 
+@pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-qwen2-moe"])
+def moe_model(request):
+    return load(f"dummy:{request.param}", dtype="float32")[0]
+
+
+def test_reference_matches_plain_on_moe(moe_model):
+    # sparse layers (and a dense one, tiny-qwen3-moe's layer 1) on the stacks
+    assert max(step_errors(moe_model, "reference", prompt_tokens=9, steps=12)) < 1e-5
+    p = mx.array([3, 1, 4, 1, 5, 9, 2, 6], mx.int32)
+    a = [t for t, _ in generate_step(p, moe_model, max_tokens=12, decode="plain")]
+    b = [t for t, _ in generate_step(p, moe_model, max_tokens=12, decode="reference")]
+    assert a == b
+
+
+def test_moe_stacks_are_the_models_weights(moe_model):
+    w = stacked_weights(moe_model)
+    m = w.moe
+    spec = moe_model.spec
+    assert m.sparse_layers == spec.moe.sparse_layers and m.ltab.shape == (spec.num_hidden_layers, 2)
+    sparse = spec.moe.sparse_layers
+    dense = [i for i in range(spec.num_hidden_layers) if i not in sparse]
+    assert m.ltab.tolist() == [[1, sparse.index(i)] if i in sparse else [0, dense.index(i)]
+                               for i in range(spec.num_hidden_layers)]
+    assert m.wgx is moe_model.model.expert_stacks().arrays["gate_proj.weight"]  # no second copy
+    for s, i in enumerate(sparse):
+        blk = moe_model.model.layers[i].mlp
+        assert mx.array_equal(blk.gate.weight, m.wr[s])
+        assert mx.array_equal(blk.switch_mlp.down_proj.weight, m.wdx[s])
+        if m.shared:
+            assert mx.array_equal(blk.shared_expert.up_proj.weight, m.wsgu[s, 1])
+            assert mx.array_equal(blk.shared_expert_gate.weight[0], m.wsg[s])
+    assert w.wgu.shape[0] == max(1, len(dense)) or not dense
+
+
 def test_stacking_rebinds_views(qwen3):
     w = stacked_weights(qwen3)
     layer = qwen3.model.layers[1]
@@ -67,16 +101,26 @@ def test_decoder_templates_name_the_model_sizes():
     from metalgen.decode.gpu import MegakernelDecoder
 
     w = SimpleNamespace(dtype=mx.bfloat16, head_dim=128, hidden=1024, inter=3072, heads=16, kv_heads=8,
-                        q_dim=2048, qkv_dim=4096, layers=28, qk_norm=True, has_bias=False, eps=1e-6)
+                        q_dim=2048, qkv_dim=4096, layers=28, qk_norm=True, has_bias=False, eps=1e-6, moe=None)
     dec = MegakernelDecoder(w, blocks=8)
     names = [n for n, _ in dec.template]
-    assert tuple(names) == S.DECODE_TEMPLATES
+    assert tuple(names) == S.DECODE_TEMPLATES and dec.kernel_name == "decode_megakernel"
     vals = dict(dec.template)
     assert (vals["HT"], vals["HQT"], vals["HKVT"], vals["IT"]) == (w.hidden, w.heads, w.kv_heads, w.inter)
     assert vals["SK"] >= max(w.hidden, w.q_dim, w.inter) and vals["D"] == w.head_dim
     text = S.body(S.CUDA_ONLY_SPECS["decode_megakernel"], "cuda")
     for n in ("HT", "HQT", "HKVT", "IT"):
         assert re.search(rf"constexpr int \w+ = {n};", text), n
+    # an MoE decoder (Qwen3-30B-A3B's sizes) adds the experts' sizes and its own kernel; the shared
+    # vector holds the chosen experts' activations
+    w.hidden, w.inter, w.heads, w.kv_heads, w.q_dim, w.qkv_dim, w.layers = 2048, 6144, 32, 4, 4096, 5120, 48
+    w.moe = SimpleNamespace(experts=128, top_k=8, inter=1536, shared=0, norm_topk=True)
+    dec = MegakernelDecoder(w, blocks=8)
+    assert tuple(n for n, _ in dec.template) == S.DECODE_MOE_TEMPLATES
+    assert dec.kernel_name == "decode_megakernel_moe" and dec.steps == 6 * 48 + 1
+    vals = dict(dec.template)
+    assert (vals["EXT"], vals["KX"], vals["MIT"], vals["SIT"]) == (128, 8, 1536, 0)
+    assert vals["SK"] >= 8 * 1536 and dec.scratch_size >= dec.moe_offset + 128 + 1 + 16
 
 
 def test_modes_on_cpu(qwen3):
@@ -108,7 +152,8 @@ def test_v2_metal_text():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
-@pytest.mark.parametrize("name", ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2"])
+@pytest.mark.parametrize("name", ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2",
+                                  "decode_megakernel_moe", "decode_layer_moe"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
     spec = S.CUDA_ONLY_SPECS.get(name) or S.SPECS[name]
@@ -127,6 +172,7 @@ def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
     assert "0 bytes spill stores" in r.stderr
     assert "__launch_bounds__(256, 2)" in prog
     assert ("#define MG_GRID 1" in prog) == name.startswith("decode_megakernel")
+    assert ("#define MG_MOE 1" in prog) == name.endswith("_moe")
 
 
 @pytest.mark.gpu
@@ -170,6 +216,51 @@ def test_megakernel_equals_fused_bitwise():
     for _ in range(40):  # positions 150..189: 3 splits a head
         a = steps["fused"](tok)
         b = steps["megakernel_v1"](tok)
+        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
+        tok = mx.argmax(a, axis=-1).astype(mx.int32)
+    assert worst == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+@pytest.mark.parametrize("mode", ["fused", "megakernel"])
+def test_gpu_moe_paths_match_plain(shape, mode):
+    # sparse layers (and tiny-qwen3-moe's dense layer 1) on the fast paths, bf16; routing ties aside,
+    # the fast path rounds where plain does
+    import kernels_metal
+
+    if mode == "megakernel" and kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    model = load(f"dummy:{shape}")[0]
+    vs_plain, fast32, plain32 = step_errors_vs_float32(model, mode, prompt_tokens=100, steps=64)
+    print(f"{shape} {mode}: vs plain {max(vs_plain):.4f}; vs float32 {max(fast32):.4f} (plain bf16 {max(plain32):.4f})")
+    assert max(vs_plain) < 2e-2 or max(fast32) <= 1.25 * max(plain32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+def test_moe_megakernel_equals_fused_bitwise(shape):
+    import kernels_metal
+    import numpy as np
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    from metalgen.cache import make_prompt_cache
+    from metalgen.decode.path import make_step
+
+    model = load(f"dummy:{shape}")[0]
+    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, 150), mx.int32)
+    steps = {}
+    for mode in ("fused", "megakernel"):
+        cache = make_prompt_cache(model)
+        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+        mx.eval(logits, [c.state for c in cache])
+        steps[mode] = make_step(model, cache, 150, 64, mode)
+    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+    worst = 0.0
+    for _ in range(20):
+        a = steps["fused"](tok)
+        b = steps["megakernel"](tok)
         worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
         tok = mx.argmax(a, axis=-1).astype(mx.int32)
     assert worst == 0.0

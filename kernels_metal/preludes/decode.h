@@ -61,16 +61,15 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
   return mg_lanes_sum(acc);
 }
 
-// Two rows at once (gate and up): (dot(w1, xs), dot(w2, xs)) in every lane. (4 + 4 loads a lane in
-// flight take the megakernel to its 128-register bound: see the GPU backend's tail prelude.)
+// Two rows with two vectors at once: (dot(w1, x1), dot(w2, x2)) in every lane, up to four chunks of each
+// row a round trip, all loaded before the first multiply (K <= 1024: the whole task at once). Gate and
+// up share one vector (mg_warp_dot2); an MoE layer's down rows take two experts' activations.
 template <typename T>
-MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
-                         uint32_t lane) {
+MG_FN mg_f2 mg_warp_dot2x(const MG_DEVICE T* w1, MG_SHARED_PTR const T* x1, const MG_DEVICE T* w2,
+                          MG_SHARED_PTR const T* x2, uint32_t K, uint32_t lane) {
   float a = 0.0f;
   float b = 0.0f;
   uint32_t k = lane * 8u;
-  // up to four chunks of each row a round trip, all loaded before the first multiply (K <= 1024: the
-  // whole task at once)
   for (; k < K; k += 1024u) {
     mg_u4 p[4];
     mg_u4 q[4];
@@ -84,9 +83,8 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
 #pragma unroll
     for (uint32_t i = 0; i < 4u; ++i) {
       if (k + 256u * i < K) {
-        const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k + 256u * i);
-        a += mg_dot8<T>(p[i], x0);
-        b += mg_dot8<T>(q[i], x0);
+        a += mg_dot8<T>(p[i], MG_LOAD_SHARED_U4(x1 + k + 256u * i));
+        b += mg_dot8<T>(q[i], MG_LOAD_SHARED_U4(x2 + k + 256u * i));
       }
     }
   }
@@ -94,6 +92,14 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
   r.x = mg_lanes_sum(a);
   r.y = mg_lanes_sum(b);
   return r;
+}
+
+// Gate and up at once: (dot(w1, xs), dot(w2, xs)) in every lane. (4 + 4 loads a lane in flight take the
+// megakernel to its 128-register bound: see the GPU backend's tail prelude.)
+template <typename T>
+MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
+                         uint32_t lane) {
+  return mg_warp_dot2x<T>(w1, xs, w2, xs, K, lane);
 }
 
 // Round a float to T and back: the decode kernels round where the plain MLX path stores T.

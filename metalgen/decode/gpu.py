@@ -17,6 +17,10 @@ every launch of a token runs on the one stream, after the previous token's sampl
 so nothing else touches them meanwhile. The runtime layer count and the token-or-embedding input
 let the same compiled kernel serve any decoder of the same head dim and flags.
 
+MoE decoders (weights.moe) run the body's MG_MOE variant (`decode_megakernel_moe`, `decode_layer_moe`,
+version 1): 6 phases a layer, the sparse layers' router, routing and chosen experts on the GPU; the
+fused path skips the dense layers' idle sixth launch.
+
 `version` 1 is the body as measured in run 4; version 2 (MG_DECODE_V 2, docs/decode.md) does
 o_proj and down as split-K tasks over every lane-group with atomic partial sums, folds the residual
 add into the next phase's norm, and keeps more loads in flight. Both compile from the same body.
@@ -95,24 +99,36 @@ class _GpuDecoder:
             # past 128 registers: 2 groups per multiprocessor no longer fit (the grid barrier needs them)
             raise ValueError("decode kernel version 2 needs head_dim <= 128")
         self.version = version
-        self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "")
+        m = w.moe
+        if m is not None and version != 1:
+            raise ValueError("the MoE decode kernels are version 1 only")
+        self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "") + ("_moe" if m is not None else "")
         self.name = self.base_name + ("_v2" if version == 2 else "")
         if w.dtype not in (mx.bfloat16, mx.float16):
             raise ValueError(f"the {self.name} path needs bfloat16 or float16 weights, not {w.dtype}")
         if w.head_dim % 64 or w.head_dim > 256 or w.hidden % 8 or w.inter % 8 or w.heads % w.kv_heads:
             raise ValueError("the decode kernels need head_dim in {64, 128, 192, 256}, hidden and "
                              "intermediate sizes divisible by 8")
+        if m is not None and (m.top_k > 16 or m.experts > 1024 or m.inter % 8 or m.shared % 8):
+            raise ValueError("the MoE decode kernels take at most 1024 experts, top 16, and intermediate sizes "
+                             "divisible by 8")
         self.w = w
-        # the kernel's steps for one token: 5 phases a layer, then the final norm (decode_layer.body)
-        self.steps = 5 * w.layers + 1
+        # the kernel's steps for one token: 5 phases a layer (6 with sparse layers), then the final norm
+        # (decode_layer.body)
+        self.phases = 6 if m is not None else 5
+        self.steps = self.phases * w.layers + 1
         self.blocks = blocks or grid_blocks()
         self.max_splits = max(1, self.blocks // w.heads)
-        sk = max(w.hidden, w.q_dim, w.inter)
+        # the activation buffer: the dense intermediate size, or the chosen experts' and the shared one's
+        act = max(w.inter, m.top_k * m.inter + m.shared) if m is not None else w.inter
+        sk = max(w.hidden, w.q_dim, act)
         self.sk = (sk + 255) // 256 * 256
         self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
                          ("BIAS", bool(w.has_bias)), ("SK", self.sk), ("HT", w.hidden), ("HQT", w.heads),
                          ("HKVT", w.kv_heads), ("IT", w.inter)]
-        work = w.hidden + w.qkv_dim + w.inter + w.heads * self.max_splits * (w.head_dim + 2)
+        if m is not None:
+            self.template += [("EXT", m.experts), ("KX", m.top_k), ("MIT", m.inter), ("SIT", m.shared)]
+        work = w.hidden + w.qkv_dim + act + w.heads * self.max_splits * (w.head_dim + 2)
         # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
         # zeroed between their uses); allocated for both versions
         self.v2_offset = (work + 31) // 32 * 32
@@ -126,7 +142,9 @@ class _GpuDecoder:
         # the megakernel's merged attention output (q_dim floats) and per-head split counters
         # (zero at start; the merging group resets its head's)
         self.merge_offset = (self.stamp_offset + 3 * self.steps + 3 + 31) // 32 * 32
-        self.scratch_size = self.merge_offset + w.q_dim + w.heads
+        # MoE: the router logits [E + 1] and the routing choice [2 * top_k]
+        self.moe_offset = (self.merge_offset + w.q_dim + w.heads + 31) // 32 * 32
+        self.scratch_size = self.moe_offset + (m.experts + 1 + 2 * m.top_k if m is not None else 0)
         self.stamp_steps = False
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
@@ -151,7 +169,8 @@ class _GpuDecoder:
         ns, chunk = self.splits(pos + 1)
         return [w.hidden, w.heads, w.kv_heads, w.inter, w.layers, pos, capacity, use_emb, s_begin, s_end, ns,
                 chunk, self.blocks, self.barrier_offset, self.v2_offset,
-                self.stamp_offset if self.stamp_steps else 0, self.merge_offset]
+                self.stamp_offset if self.stamp_steps else 0, self.merge_offset, self.moe_offset,
+                int(w.moe is not None and w.moe.norm_topk)]
 
     def _params(self, state, use_emb, s_begin, s_end):
         """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
@@ -183,9 +202,10 @@ class _GpuDecoder:
     def _launch(self, state, tok, emb, params, dep):
         w = self.w
         table = w.rope_table
+        moe = list(w.moe.arrays) if w.moe is not None else []
         return _kernel(self.kernel_name)(
             inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
-                    table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep],
+                    table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe,
             template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
 
@@ -255,11 +275,19 @@ class FusedDecoder(_GpuDecoder):
     base_kernel = "decode_layer"
     base_name = "fused"
 
+    def _live_steps(self):
+        """The steps that do work: all of them, less the dense layers' idle sixth phase in an MoE decoder."""
+        m = self.w.moe
+        if m is None:
+            return range(self.steps)
+        sparse = set(m.sparse_layers)
+        return [s for s in range(self.steps) if not (s % 6 == 5 and s // 6 < self.w.layers and s // 6 not in sparse)]
+
     def step(self, state: DecodeState, token=None, embedding=None) -> mx.array:
         tok, emb, use_emb = self._inputs(state, token, embedding)
         dep = self._dep(state)
         out = None
-        for s in range(self.steps):
+        for s in self._live_steps():
             out, dep = self._launch(state, tok, emb, self._params(state, use_emb, s, s + 1), dep)
         state.dep = dep
         state.pos += 1

@@ -53,6 +53,9 @@ AUTO_GPU = {
 AUTO_V2 = {
     "cuda": set(),
 }
+# MoE decoders (sparse layers) take the megakernel on CUDA after its self-check, whatever their sizes:
+# the plain path runs ~30 MLX operations a sparse layer (benchmarks/results/, docs/decode.md)
+AUTO_MOE = {"cuda"}
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
 
 
@@ -157,7 +160,11 @@ def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[st
     if mode == "auto":
         # only where measured faster and checked (AUTO_GPU above); the start-up self-check still runs
         shapes = AUTO_GPU if auto_shapes is None else auto_shapes
-        if backend == "cpu" or auto_shape_key(model) not in shapes.get(backend, ()):
+        moe = getattr(getattr(model, "spec", None), "moe", None) is not None
+        if backend == "cpu" or not (auto_shape_key(model) in shapes.get(backend, ()) or (moe and backend in AUTO_MOE)):
+            if K.verbose() and backend != "cpu":
+                print("[metalgen.decode] auto: the plain path (this shape is not among the measured ones)",
+                      file=sys.stderr)
             return None
         mode = "megakernel" if backend == "cuda" else "fused"
         explicit = False

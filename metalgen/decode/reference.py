@@ -93,9 +93,25 @@ class ReferenceDecoder:
             o = o.transpose(0, 2, 1, 3).reshape(1, 1, QD)
             h = h + (splitk_linear(o, w.wo[l]) if self.split_k else K.linear(o, w.wo[l]))
             x = K.rms_norm(h, w.norms[l, 1], eps)
-            g = K.linear(x, w.wgu[l, 0])
-            u = K.linear(x, w.wgu[l, 1])
+            m = w.moe
+            if m is not None and l in m.sparse_layers:
+                h = h + self._sparse(x.reshape(1, H), m, m.sparse_layers.index(l)).reshape(1, 1, H)
+                continue
+            d = l if m is None else l - sum(1 for i in m.sparse_layers if i < l)  # ordinal among dense layers
+            g = K.linear(x, w.wgu[d, 0])
+            u = K.linear(x, w.wgu[d, 1])
             a = nn.silu(g) * u
-            h = h + (splitk_linear(a, w.wd[l]) if self.split_k else K.linear(a, w.wd[l]))
+            h = h + (splitk_linear(a, w.wd[d, ...]) if self.split_k else K.linear(a, w.wd[d, ...]))
         state.pos = pos + 1
         return K.rms_norm(h, w.fnorm, eps).reshape(1, H)
+
+    @staticmethod
+    def _sparse(x: mx.array, m, s: int) -> mx.array:
+        """A sparse layer's feed-forward (the plain path's SparseMoeBlock on the stacks): x (1, H)."""
+        scores, inds = K.moe_route(K.linear(x, m.wr[s, ...]), m.top_k, m.norm_topk)
+        y = K.moe_experts(x, inds, scores, K.Experts(m.wgx[s, ...]), K.Experts(m.wux[s, ...]),
+                          K.Experts(m.wdx[s, ...]))
+        if m.shared:
+            sh = K.linear(nn.silu(K.linear(x, m.wsgu[s, 0])) * K.linear(x, m.wsgu[s, 1]), m.wsd[s, ...])
+            y = y + mx.sigmoid(K.linear(x, m.wsg[s:s + 1])) * sh
+        return y
