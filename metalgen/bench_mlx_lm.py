@@ -1,0 +1,78 @@
+"""mlx-lm's side of `metalgen bench --compare mlx-lm`, run in a process of its own.
+
+mlx-lm holds its own weights here, not views of metalgen's arrays: a model folder or hub id is read by
+`mlx_lm.load`; a `dummy:<shape>` is built from mlx-lm's own model class for the shape's config and
+filled with the same seeded values metalgen's dummy gets (quantized as `mlx_lm.convert` would, for a
+-4bit / -8bit shape). Its own process means its memory is its own too: the parent lets go of its model
+first, so a 61 GB model is never held twice.
+
+    python -m metalgen.bench_mlx_lm MODEL PROMPT_TOKENS GEN_TOKENS RUNS SEED [DTYPE]
+
+prints one JSON object: the BenchResult fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+
+
+def build_model(source: str, dtype=None):
+    """mlx-lm's model for `source` (folder, hub id or dummy:<shape>), with its own weights."""
+    import mlx.core as mx
+
+    if not source.startswith("dummy:"):
+        from mlx_lm import load
+
+        model, _ = load(source)
+        if dtype is not None:
+            from mlx.utils import tree_map
+
+            model.update(tree_map(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a,
+                                  model.parameters()))
+        return model
+    from .dummy import dummy_config, quantize_like_mlx_lm, random_weight_dict
+
+    config = dummy_config(source[len("dummy:"):])
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    if "quantization" in config:
+        quantize_like_mlx_lm(model, config)
+    weights = random_weight_dict(model, dtype=dtype or mx.bfloat16)
+    model.load_weights(list(weights.items()), strict=True)
+    del weights
+    # made a layer at a time: the float32 draws behind each layer are freed before the next one's
+    for layer in model.layers:
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def main(argv=None) -> int:
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step
+
+    from .bench import BenchResult, time_generation
+    from .loading import parse_dtype
+
+    source, prompt_tokens, gen_tokens, runs, seed, *rest = (argv or sys.argv[1:])
+    prompt_tokens, gen_tokens, runs, seed = int(prompt_tokens), int(gen_tokens), int(runs), int(seed)
+    model = build_model(source, parse_dtype(rest[0]) if rest else None)
+    vocab = model.args.vocab_size
+    prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens), mx.int32)
+
+    def steps(p, n):
+        return generate_step(p, model, max_tokens=n, prefill_step_size=2048)
+
+    ttft, rate, peak = time_generation(steps, prompt, gen_tokens, runs)
+    res = BenchResult("mlx-lm", prompt_tokens, gen_tokens, ttft * 1e3, prompt_tokens / ttft, rate, peak / 1e9)
+    print(json.dumps(dataclasses.asdict(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
