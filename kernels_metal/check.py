@@ -284,14 +284,16 @@ def c_moe_experts(T, H, I, E, k, bits, gs=64, block=None, ref_check=True):
         f = lambda: gpu.moe_experts(x, inds, scores, g, u, d)  # noqa: E731
         name = "moe_gemv" if T <= gpu.MOE_GEMV_MAX_TOKENS else "moe_blocks"
     y = f()
-    want = ref.moe_experts(x, inds, scores, g, u, d) if ref_check else cpu.moe_experts(x, inds, scores, g, u, d)
-    err = relerr(y, want)
+    # the reference on the first 16 tokens (all of them when few): its float32 gathered weights take
+    # T x k expert matrices
+    n = T if ref_check else 16
+    err = relerr(y[:n], ref.moe_experts(x[:n], inds[:n], scores[:n], g, u, d))
     t = bench(f, reps=5 if T > 256 else 20, trials=5)
     tm = bench(lambda: cpu.moe_experts(x, inds, scores, g, u, d), reps=5 if T > 256 else 20, trials=5)
     touched = len(set(np.array(inds).reshape(-1).tolist())) if T > gpu.MOE_GEMV_MAX_TOKENS else T * k
     nb = sum(_expert_bytes(e, touched) for e in (g, u, d))
     record(name + (f"_q{bits}" if bits else ""), f"T{T} H{H} I{I} E{E} k{k}" + (f" g{gs}" if bits else ""), err,
-           2e-2 if ref_check else 5e-2, t, tm, nb, "mlx-lm sorted gather_mm",
+           2e-2, t, tm, nb, "mlx-lm sorted gather_mm",
            dict(T=T, tflops=2 * 3 * T * k * H * I / t / 1e12))
 
 

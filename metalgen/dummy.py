@@ -78,10 +78,11 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen1.5-moe-a2.7b": _qwen2_moe(2048, 24, 16, 16, 5632, 1408, 5632, 60, 4, max_position_embeddings=8192),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
-    # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top 2
-    "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=32, max_position_embeddings=2048,
+    # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top 2; head_dim 64, the
+    # smallest the decode kernels take
+    "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=64, max_position_embeddings=2048,
                                  mlp_only_layers=[1], tie_word_embeddings=True),
-    "tiny-qwen2-moe": _qwen2_moe(128, 2, 4, 2, 256, 64, 96, 8, 2, max_position_embeddings=2048,
+    "tiny-qwen2-moe": _qwen2_moe(256, 2, 4, 2, 256, 64, 96, 8, 2, max_position_embeddings=2048,
                                  tie_word_embeddings=True),
 }
 

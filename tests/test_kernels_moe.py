@@ -175,7 +175,7 @@ def test_gpu_route(E, k, dtype):
 @pytest.mark.parametrize("bits,gs", [(0, 0), (4, 64), (4, 32), (8, 128)])
 @pytest.mark.parametrize("T", [1, 3])
 def test_gpu_expert_gemv(bits, gs, T):
-    E, H, I, k = 16, 512, 192, 4
+    E, H, I, k = 16, 512, 256, 4
     dt = mx.bfloat16
     g, u, d = experts(E, I, H, dt, bits, gs), experts(E, I, H, dt, bits, gs), experts(E, H, I, dt, bits, gs)
     x = rnd((T, H), dt)
