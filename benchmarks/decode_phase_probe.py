@@ -27,11 +27,19 @@ from metalgen.decode.check import prefill_random
 from metalgen.decode.path import make_step
 
 PHASES = ["0 norm+QKV", "1 attention", "2 merge+o_proj", "3 norm+gate/up", "4 down"]
+# an MoE decoder's 6 phases (its sparse layers'; docs/decode.md)
+MOE_PHASES = ["0 norm+QKV", "1 attention", "2 merge+o_proj", "3 norm+router", "4 route+gate/up", "5 down"]
 
 
 def phase_bytes(w):
-    b = 2  # bf16
-    return [w.qkv_dim * w.hidden * b, 0, w.hidden * w.q_dim * b, 2 * w.inter * w.hidden * b, w.hidden * w.inter * b]
+    b = 2 if w.quant is None else w.quant.bits / 8  # bytes a weight (scales and biases aside)
+    head = [w.qkv_dim * w.hidden * b, 0, w.hidden * w.q_dim * b]
+    m = w.moe
+    if m is None:
+        return head + [2 * w.inter * w.hidden * b, w.hidden * w.inter * b]
+    gb = 2 if w.quant is None else w.quant.gate_bits / 8
+    return head + [m.experts * w.hidden * gb, (2 * m.top_k * m.inter + 2 * m.shared) * w.hidden * b,
+                   (m.top_k * m.inter + m.shared) * w.hidden * b]
 
 
 def probe(model, shape: str, version: int, tokens: int):
@@ -52,19 +60,20 @@ def probe(model, shape: str, version: int, tokens: int):
         if t >= 4:
             per_step.append(times)
             marks.append(dec.step_marks(state))
-    a = np.array(per_step)  # (tokens, 5 L + 1) microseconds
-    L = w.layers
-    layer = a[:, : 5 * L].reshape(len(a), L, 5)
+    a = np.array(per_step)  # (tokens, P L + 1) microseconds
+    L, P = w.layers, dec.phases
+    names = MOE_PHASES if P == 6 else PHASES
+    layer = a[:, : P * L].reshape(len(a), L, P)
     total = a.sum(axis=1)
     nb = phase_bytes(w)
     print(f"\n== {shape}, {dec.name} (version {version}), {dec.blocks} groups, {L} layers, "
           f"position ~{128 + tokens // 2}")
-    mk = np.array(marks)[:, : 5 * L].reshape(len(marks), L, 5, 2)  # us from the step's start
-    for p in range(5):
+    mk = np.array(marks)[:, : P * L].reshape(len(marks), L, P, 2)  # us from the step's start
+    for p in range(P):
         us = float(layer[:, :, p].mean())
         bw = f"{nb[p] / us / 1e3:7.0f} GB/s" if nb[p] else "        -"
         m = mk[:, 1:, p].mean(axis=(0, 1))  # layer 0 aside (its start includes the launch)
-        print(f"  phase {PHASES[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}"
+        print(f"  phase {names[p]:<16} {us:7.2f} us  (x{L} = {us * L:7.1f} us)  weights {nb[p] / 1e6:6.2f} MB  {bw}"
               f"  | input ready {m[0]:5.2f} done {m[1]:5.2f}")
     m0 = mk[:, 0, 0]  # layer 0's phase 0: the launch, the token's embedding row
     print(f"  layer 0 phase 0        {float(layer[:, 0, 0].mean()):7.2f} us  | input ready {m0[:, 0].mean():6.2f} "
@@ -73,7 +82,7 @@ def probe(model, shape: str, version: int, tokens: int):
     print(f"  kernel total (stamps)  {float(np.median(total)):7.1f} us; whole token wall {np.median(walls[4:]) * 1e6:7.1f} us")
     worst = layer.mean(axis=0)  # (L, 5)
     print("  per-layer spread (max/min of a phase's layer means): "
-          + ", ".join(f"{worst[:, p].max() / max(worst[:, p].min(), 1e-9):.2f}" for p in range(5)))
+          + ", ".join(f"{worst[:, p].max() / max(worst[:, p].min(), 1e-9):.2f}" for p in range(P)))
 
 
 def main():

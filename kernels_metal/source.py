@@ -70,6 +70,24 @@ DECODE_DTYPES = [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16
 DECODE_MOE_INPUTS = DECODE_INPUTS + ("ltab", "wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
 DECODE_MOE_TEMPLATES = DECODE_TEMPLATES + ("EXT", "KX", "MIT", "SIT")
 DECODE_MOE_DTYPES = DECODE_DTYPES + [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16]
+# MLX-quantized weights (MG_QUANT 1, the megakernel only): each quantized input's scales and biases
+QUANT_WEIGHTS = ("embed", "wqkv", "wo", "wgu", "wd")
+QUANT_MOE_WEIGHTS = QUANT_WEIGHTS + ("wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
+
+
+def _quant_inputs(names):
+    return tuple(f"{n}_{p}" for n in names for p in ("s", "b"))
+
+
+def _quant_dtypes(inputs, dtypes, names):
+    """The input dtypes with the quantized weights as uint32 words, then their bf16 scales and biases."""
+    out = [u32 if n in names else d for n, d in zip(inputs, dtypes)]
+    return out + [bf16] * (2 * len(names))
+
+
+DECODE_Q_INPUTS = DECODE_INPUTS + _quant_inputs(QUANT_WEIGHTS)
+DECODE_MOE_Q_INPUTS = DECODE_MOE_INPUTS + _quant_inputs(QUANT_MOE_WEIGHTS)
+QUANT_TEMPLATES = ("QB", "GS", "QBR", "GSR")
 # Qwen3-30B-A3B's sizes, and Qwen1.5-MoE-A2.7B's (shared expert, q/k/v biases, head dim 128)
 QWEN3_MOE_TMPL = [bf16, 128, True, False, 6144, 2048, 32, 4, 6144, 128, 8, 768, 0]
 QWEN2_MOE_TMPL = [bf16, 128, False, True, 5632, 2048, 16, 16, 5632, 60, 4, 1408, 5632]
@@ -139,15 +157,15 @@ SPECS = {
               dtypes=[bf16, f32, i32, u32], out=[i32, f32, u32], tmpl=[bf16]),
         # the fused decode path (metalgen/decode, docs/decode.md): one launch per phase of a layer
         _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
-              [("MG_GRID", 0), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              [("MG_GRID", 0), ("MG_DECODE_V", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 128, True, False, 9728, 2560, 32, 8, 9728]),
         # decode v2 (split-K o_proj/down with atomic partial sums, residual folded into the next norm)
         _spec("decode_layer_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
-              [("MG_GRID", 0), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              [("MG_GRID", 0), ("MG_DECODE_V", 2)], ("qdot.h", "decode.h"), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 128, True, False, 9728, 2560, 32, 8, 9728]),
         # with sparse MoE layers (6 phases a layer)
         _spec("decode_layer_moe", "decode_layer", DECODE_MOE_INPUTS, ["out", "sync"], DECODE_MOE_TEMPLATES,
-              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("decode.h",), dtypes=DECODE_MOE_DTYPES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_MOE_DTYPES,
               out=[bf16, u32], tmpl=QWEN2_MOE_TMPL),
     ]
 }
@@ -158,14 +176,23 @@ CUDA_ONLY_SPECS = {
     s.name: s
     for s in [
         _spec("decode_megakernel", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
-              [("MG_GRID", 1), ("MG_DECODE_V", 1)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              [("MG_GRID", 1), ("MG_DECODE_V", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 64, False, True, 4864, 896, 14, 2, 4864]),
         _spec("decode_megakernel_v2", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
-              [("MG_GRID", 1), ("MG_DECODE_V", 2)], ("decode.h",), dtypes=DECODE_DTYPES, out=[bf16, u32],
+              [("MG_GRID", 1), ("MG_DECODE_V", 2)], ("qdot.h", "decode.h"), dtypes=DECODE_DTYPES, out=[bf16, u32],
               tmpl=[bf16, 64, False, True, 4864, 896, 14, 2, 4864]),
         _spec("decode_megakernel_moe", "decode_layer", DECODE_MOE_INPUTS, ["out", "sync"], DECODE_MOE_TEMPLATES,
-              [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("decode.h",), dtypes=DECODE_MOE_DTYPES,
+              [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_MOE_DTYPES,
               out=[bf16, u32], tmpl=QWEN3_MOE_TMPL),
+        # MLX-quantized weights (4 or 8 bits): mlx_lm.convert's 4-bit, group 64, routers at 8 bits
+        _spec("decode_megakernel_q", "decode_layer", DECODE_Q_INPUTS, ["out", "sync"], DECODE_TEMPLATES + QUANT_TEMPLATES,
+              [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_QUANT", 1)], ("qdot.h", "decode.h"),
+              dtypes=_quant_dtypes(DECODE_INPUTS, DECODE_DTYPES, QUANT_WEIGHTS), out=[bf16, u32],
+              tmpl=[bf16, 128, True, False, 3072, 1024, 16, 8, 3072, 4, 64, 8, 64]),
+        _spec("decode_megakernel_moe_q", "decode_layer", DECODE_MOE_Q_INPUTS, ["out", "sync"],
+              DECODE_MOE_TEMPLATES + QUANT_TEMPLATES, [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_QUANT", 1)],
+              ("qdot.h", "decode.h"), dtypes=_quant_dtypes(DECODE_MOE_INPUTS, DECODE_MOE_DTYPES, QUANT_MOE_WEIGHTS),
+              out=[bf16, u32], tmpl=QWEN3_MOE_TMPL + [4, 64, 8, 64]),
     ]
 }
 

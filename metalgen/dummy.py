@@ -82,7 +82,7 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     # smallest the decode kernels take
     "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=64, max_position_embeddings=2048,
                                  mlp_only_layers=[1], tie_word_embeddings=True),
-    "tiny-qwen2-moe": _qwen2_moe(256, 2, 4, 2, 256, 64, 96, 8, 2, max_position_embeddings=2048,
+    "tiny-qwen2-moe": _qwen2_moe(256, 2, 4, 2, 256, 64, 128, 8, 2, max_position_embeddings=2048,
                                  tie_word_embeddings=True),
 }
 

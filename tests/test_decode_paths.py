@@ -64,6 +64,40 @@ def test_reference_matches_plain_on_moe(moe_model):
     assert a == b
 
 
+@pytest.mark.parametrize("shape", ["tiny-qwen3-4bit", "tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit"])
+def test_reference_matches_plain_on_quantized(shape):
+    # MLX-quantized stacks (words, scales and biases stacked alike) through the same arithmetic as plain
+    model = load(f"dummy:{shape}")[0]
+    w = stacked_weights(model)
+    assert w.quant is not None and w.wqkv.dtype == mx.uint32 and w.dtype == mx.bfloat16
+    assert (w.quant.bits, w.quant.group_size) == ((8, 64) if shape.endswith("8bit") else (4, 64))
+    if w.moe is not None:
+        assert w.quant.gate_bits == 8  # mlx_lm.convert's routers (qwen3_moe), or all at 8 bits
+        assert w.moe.wgx is model.model.expert_stacks().arrays["gate_proj.weight"]
+    layer = model.model.layers[0].self_attn
+    assert mx.array_equal(layer.k_proj.scales, w.quant.params["wqkv"][0][0, w.q_dim:w.q_dim + w.kv_dim])
+    assert max(step_errors(model, "reference", prompt_tokens=9, steps=8)) < 1e-6
+    p = mx.array([3, 1, 4, 1, 5, 9, 2, 6], mx.int32)
+    assert ([t for t, _ in generate_step(p, model, max_tokens=8, decode="plain")]
+            == [t for t, _ in generate_step(p, model, max_tokens=8, decode="reference")])
+
+
+def test_quantization_the_kernels_cannot_read_is_refused():
+    from metalgen.decode.stacked import quantization_of, unsupported_reason
+
+    model = load("dummy:tiny-qwen3-4bit")[0]
+    assert quantization_of(model) == (None, (4, 64), None)
+    # one layer left dense among quantized ones
+    import mlx.nn as nn
+
+    dense_mlp = load("dummy:tiny-qwen3")[0].model.layers[1].mlp
+    model.model.layers[1].mlp = dense_mlp
+    assert "mixed quantization of the weights" in unsupported_reason(model)
+    with pytest.raises(MetalgenError, match="mixed quantization"):
+        decoder_for(model, "reference")
+    del nn
+
+
 def test_moe_stacks_are_the_models_weights(moe_model):
     w = stacked_weights(moe_model)
     m = w.moe
@@ -101,7 +135,8 @@ def test_decoder_templates_name_the_model_sizes():
     from metalgen.decode.gpu import MegakernelDecoder
 
     w = SimpleNamespace(dtype=mx.bfloat16, head_dim=128, hidden=1024, inter=3072, heads=16, kv_heads=8,
-                        q_dim=2048, qkv_dim=4096, layers=28, qk_norm=True, has_bias=False, eps=1e-6, moe=None)
+                        q_dim=2048, qkv_dim=4096, layers=28, qk_norm=True, has_bias=False, eps=1e-6, moe=None,
+                        quant=None)
     dec = MegakernelDecoder(w, blocks=8)
     names = [n for n, _ in dec.template]
     assert tuple(names) == S.DECODE_TEMPLATES and dec.kernel_name == "decode_megakernel"
@@ -121,6 +156,21 @@ def test_decoder_templates_name_the_model_sizes():
     vals = dict(dec.template)
     assert (vals["EXT"], vals["KX"], vals["MIT"], vals["SIT"]) == (128, 8, 1536, 0)
     assert vals["SK"] >= 8 * 1536 and dec.scratch_size >= dec.moe_offset + 128 + 1 + 16
+    # MLX-quantized weights: the quantized kernel, bits and group sizes as templates, each quantized
+    # input's scales and biases in the spec's order
+    params = {n: (mx.zeros((1,)) + i, mx.zeros((1,)) - i) for i, n in enumerate(S.QUANT_MOE_WEIGHTS)}
+    w.quant = SimpleNamespace(bits=4, group_size=64, gate_bits=8, gate_group_size=64, params=params)
+    dec = MegakernelDecoder(w, blocks=8)
+    assert dec.kernel_name == "decode_megakernel_moe_q"
+    assert tuple(n for n, _ in dec.template) == S.DECODE_MOE_TEMPLATES + S.QUANT_TEMPLATES
+    assert [v for n, v in dec.template if n in S.QUANT_TEMPLATES] == [4, 64, 8, 64]
+    spec = S.CUDA_ONLY_SPECS["decode_megakernel_moe_q"]
+    assert len(spec.inputs) == len(S.DECODE_MOE_INPUTS) + len(dec.quant_inputs)
+    assert [float(a[0]) for a in dec.quant_inputs] == [v for i in range(len(S.QUANT_MOE_WEIGHTS)) for v in (i, -i)]
+    from metalgen.decode.gpu import FusedDecoder
+
+    with pytest.raises(ValueError, match="megakernel only"):
+        FusedDecoder(w, blocks=8)
 
 
 def test_modes_on_cpu(qwen3):
@@ -153,7 +203,8 @@ def test_v2_metal_text():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 @pytest.mark.parametrize("name", ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2",
-                                  "decode_megakernel_moe", "decode_layer_moe"])
+                                  "decode_megakernel_moe", "decode_layer_moe", "decode_megakernel_q",
+                                  "decode_megakernel_moe_q"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
     spec = S.CUDA_ONLY_SPECS.get(name) or S.SPECS[name]
@@ -172,7 +223,8 @@ def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
     assert "0 bytes spill stores" in r.stderr
     assert "__launch_bounds__(256, 2)" in prog
     assert ("#define MG_GRID 1" in prog) == name.startswith("decode_megakernel")
-    assert ("#define MG_MOE 1" in prog) == name.endswith("_moe")
+    assert ("#define MG_MOE 1" in prog) == ("_moe" in name)
+    assert ("#define MG_QUANT 1" in prog) == name.endswith("_q")
 
 
 @pytest.mark.gpu
@@ -219,6 +271,20 @@ def test_megakernel_equals_fused_bitwise():
         worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
         tok = mx.argmax(a, axis=-1).astype(mx.int32)
     assert worst == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["tiny-qwen3-4bit", "tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit"])
+def test_gpu_quantized_megakernel_matches_plain(shape):
+    # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
+    import kernels_metal
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    model = load(f"dummy:{shape}")[0]
+    errs = step_errors(model, "megakernel", prompt_tokens=100, steps=64)
+    print(f"{shape} megakernel (quantized): vs plain {max(errs):.4f}")
+    assert max(errs) < 2e-2
 
 
 @pytest.mark.gpu

@@ -102,6 +102,105 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
   return mg_warp_dot2x<T>(w1, xs, w2, xs, K, lane);
 }
 
+// --- weights as the decode kernels read them -----------------------------------------------------------
+// A weight matrix of rows of K values: dense (QB 0: T values) or MLX affine-quantized (QB 4 / 8: K * QB / 32
+// 32-bit words a row, low bits first, with K / GS scales `s` and biases `b` a row; w = s * q + b). Every
+// row access of the decode body goes through mg_wrow_*: QB and GS are template constants, so a dense
+// build compiles to exactly the dense helpers above (a quantized build's `w` is its words, cast). Needs
+// preludes/qdot.h.
+
+// One lane's chunk of a quantized row (VPC values at x, in shared memory), scaled by its group's s and b
+template <typename T, int QB>
+MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b) {
+  const mg_u4 x0 = MG_LOAD_SHARED_U4(x);
+  const mg_u4 x1 = MG_LOAD_SHARED_U4(x + 8);
+  mg_f2 d;
+  if (QB == 4) {
+    d = mg_qdot_chunk<T, 4>(w, x0, x1, MG_LOAD_SHARED_U4(x + 16), MG_LOAD_SHARED_U4(x + 24));
+  } else {
+    d = mg_qdot_chunk<T, 8>(w, x0, x1, x0, x1);
+  }
+  return s * d.x + b * d.y;
+}
+
+// Lane-group dots of one or two quantized rows (with one or two vectors in shared memory; `two` false:
+// the second row is skipped); each lane's chunks of both rows are loaded before the first multiply, two
+// chunks a row a round trip (a 4-bit row of K <= 2048 is one).
+template <typename T, int QB, int GS>
+MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1,
+                           MG_SHARED_PTR const T* x1, const MG_DEVICE uint32_t* w2, const MG_DEVICE T* s2,
+                           const MG_DEVICE T* b2, MG_SHARED_PTR const T* x2, bool two, uint32_t K, uint32_t lane) {
+  const uint32_t QBS = QB ? (uint32_t)QB : 32u;  // (a dense build never calls this)
+  const uint32_t VPC = QBS == 4u ? 32u : 16u;    // values a 16-byte chunk holds
+  float a = 0.0f;
+  float c = 0.0f;
+  for (uint32_t k = lane * VPC; k < K; k += 64u * VPC) {
+    const uint32_t k2 = k + 32u * VPC;
+    const bool more = k2 < K;
+    const mg_u4 p0 = MG_LOAD_U4_NC(w1 + k * QBS / 32u);
+    mg_u4 p1 = p0;
+    mg_u4 q0 = p0;
+    mg_u4 q1 = p0;
+    if (more) p1 = MG_LOAD_U4_NC(w1 + k2 * QBS / 32u);
+    if (two) {
+      q0 = MG_LOAD_U4_NC(w2 + k * QBS / 32u);
+      if (more) q1 = MG_LOAD_U4_NC(w2 + k2 * QBS / 32u);
+    }
+    a += mg_qchunk_shared<T, QB>(p0, x1 + k, mg_to_float(s1[k / GS]), mg_to_float(b1[k / GS]));
+    if (more) a += mg_qchunk_shared<T, QB>(p1, x1 + k2, mg_to_float(s1[k2 / GS]), mg_to_float(b1[k2 / GS]));
+    if (two) {
+      c += mg_qchunk_shared<T, QB>(q0, x2 + k, mg_to_float(s2[k / GS]), mg_to_float(b2[k / GS]));
+      if (more) c += mg_qchunk_shared<T, QB>(q1, x2 + k2, mg_to_float(s2[k2 / GS]), mg_to_float(b2[k2 / GS]));
+    }
+  }
+  mg_f2 r;
+  r.x = mg_lanes_sum(a);
+  r.y = two ? mg_lanes_sum(c) : 0.0f;
+  return r;
+}
+
+// Row `row` of (w, s, b) dotted with xs
+template <typename T, int QB, int GS>
+MG_FN float mg_wrow_dot(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t row,
+                        MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
+  if (QB == 0) return mg_warp_dot<T>(w + row * K, xs, K, lane);
+  const MG_DEVICE uint32_t* wq = (const MG_DEVICE uint32_t*)w + row * (K * (uint32_t)QB / 32u);
+  return mg_qwarp_dot2x<T, QB, GS>(wq, s + row * (K / GS), b + row * (K / GS), xs, wq, s, b, xs, false, K, lane).x;
+}
+
+// Rows r1 of (w1, s1, b1) and r2 of (w2, s2, b2) dotted with x1 and x2
+template <typename T, int QB, int GS>
+MG_FN mg_f2 mg_wrow_dot2x(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1, size_t r1,
+                          MG_SHARED_PTR const T* x1, const MG_DEVICE T* w2, const MG_DEVICE T* s2,
+                          const MG_DEVICE T* b2, size_t r2, MG_SHARED_PTR const T* x2, uint32_t K, uint32_t lane) {
+  if (QB == 0) return mg_warp_dot2x<T>(w1 + r1 * K, x1, w2 + r2 * K, x2, K, lane);
+  const uint32_t KW = K * (uint32_t)QB / 32u;
+  return mg_qwarp_dot2x<T, QB, GS>((const MG_DEVICE uint32_t*)w1 + r1 * KW, s1 + r1 * (K / GS), b1 + r1 * (K / GS), x1,
+                                   (const MG_DEVICE uint32_t*)w2 + r2 * KW, s2 + r2 * (K / GS), b2 + r2 * (K / GS), x2,
+                                   true, K, lane);
+}
+
+// Rows r1 and r2 dotted with one vector (gate and up)
+template <typename T, int QB, int GS>
+MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1, size_t r1,
+                         const MG_DEVICE T* w2, const MG_DEVICE T* s2, const MG_DEVICE T* b2, size_t r2,
+                         MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
+  if (QB == 0) return mg_warp_dot2<T>(w1 + r1 * K, w2 + r2 * K, xs, K, lane);
+  return mg_wrow_dot2x<T, QB, GS>(w1, s1, b1, r1, xs, w2, s2, b2, r2, xs, K, lane);
+}
+
+// Value i of row `row`, as float (the token's embedding row)
+template <typename T, int QB, int GS>
+MG_FN float mg_wrow_get(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t row, uint32_t i,
+                        uint32_t K) {
+  if (QB == 0) return mg_to_float(w[row * (size_t)K + i]);
+  const uint32_t QBS = QB ? (uint32_t)QB : 32u;  // (a dense build never gets here)
+  const uint32_t word = ((const MG_DEVICE uint32_t*)w)[row * (K * QBS / 32u) + i * QBS / 32u];
+  const uint32_t q = (word >> ((i % (32u / QBS)) * QBS)) & ((1u << (QBS % 32u)) - 1u);
+  const size_t g = row * (K / GS) + i / GS;
+  return mg_to_float(s[g]) * (float)q + mg_to_float(b[g]);
+}
+
 // Round a float to T and back: the decode kernels round where the plain MLX path stores T.
 template <typename T>
 MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }

@@ -20,47 +20,70 @@ MG_FN float mg_chunk_dot(mg_u4 w, const MG_DEVICE T* x) {
          w3.y * x3.y;
 }
 
-// Quantized chunk, as (sum q_i x_i, sum x_i); the caller applies the chunk's group scale s and bias b:
-// sum w_i x_i = s * dq + b * sx (a chunk lies inside one group: group sizes are multiples of 32).
-// QB = 4: 32 values, x read as 4 loads of 16 bytes; QB = 8: 16 values, 2 loads.
+// Quantized chunks as (sum q_i x_i, sum x_i), with their x values given as 16-byte words (8 values
+// each) loaded by the caller from wherever x lives; the caller applies the chunk's group scale s and
+// bias b: sum w_i x_i = s * dq + b * sx (a chunk lies inside one group: group sizes are multiples of 32).
+// 4 bits: one 32-bit word of 8 values with its x word
+template <typename T>
+MG_FN mg_f2 mg_q4_word(uint32_t word, mg_u4 xr, mg_f2 acc) {
+  uint32_t xw[4];
+  xw[0] = xr.x;
+  xw[1] = xr.y;
+  xw[2] = xr.z;
+  xw[3] = xr.w;
+  for (int t = 0; t < 4; ++t) {
+    const mg_f2 xv = mg_unpack2<T>(xw[t]);
+    const float q0 = (float)((word >> (8 * t)) & 0xFu);
+    const float q1 = (float)((word >> (8 * t + 4)) & 0xFu);
+    acc.x += xv.x * q0 + xv.y * q1;
+    acc.y += xv.x + xv.y;
+  }
+  return acc;
+}
+
+// 8 bits: two 32-bit words of 4 values each with their x word
+template <typename T>
+MG_FN mg_f2 mg_q8_words(uint32_t wa, uint32_t wb, mg_u4 xr, mg_f2 acc) {
+  uint32_t xw[4];
+  xw[0] = xr.x;
+  xw[1] = xr.y;
+  xw[2] = xr.z;
+  xw[3] = xr.w;
+  for (int t = 0; t < 4; ++t) {
+    const mg_f2 xv = mg_unpack2<T>(xw[t]);
+    const uint32_t word = t < 2 ? wa : wb;
+    const uint32_t sh = 16u * (uint32_t)(t & 1);
+    acc.x += xv.x * (float)((word >> sh) & 0xFFu) + xv.y * (float)((word >> (sh + 8u)) & 0xFFu);
+    acc.y += xv.x + xv.y;
+  }
+  return acc;
+}
+
+// A whole 16-byte chunk: 32 4-bit values with x0..x3, or 16 8-bit values with x0, x1 (x2, x3 unused)
+template <typename T, int QB>
+MG_FN mg_f2 mg_qdot_chunk(mg_u4 w, mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
+  mg_f2 acc;
+  acc.x = 0.0f;
+  acc.y = 0.0f;
+  if (QB == 4) {
+    acc = mg_q4_word<T>(w.x, x0, acc);
+    acc = mg_q4_word<T>(w.y, x1, acc);
+    acc = mg_q4_word<T>(w.z, x2, acc);
+    acc = mg_q4_word<T>(w.w, x3, acc);
+  } else {
+    acc = mg_q8_words<T>(w.x, w.y, x0, acc);
+    acc = mg_q8_words<T>(w.z, w.w, x1, acc);
+  }
+  return acc;
+}
+
+// The chunk with x in device memory (16-byte aligned)
 template <typename T, int QB>
 MG_FN mg_f2 mg_chunk_qdot(mg_u4 w, const MG_DEVICE T* x) {
-  uint32_t words[4];
-  words[0] = w.x;
-  words[1] = w.y;
-  words[2] = w.z;
-  words[3] = w.w;
-  float dq = 0.0f;
-  float sx = 0.0f;
-  for (int c = 0; c < (QB == 4 ? 4 : 2); ++c) {
-    // QB 4: load c (of 4) covers word c (8 values); QB 8: load c (of 2) covers words 2c, 2c + 1
-    const mg_u4 xr = MG_LOAD_U4(x + 8 * c);
-    uint32_t xw[4];
-    xw[0] = xr.x;
-    xw[1] = xr.y;
-    xw[2] = xr.z;
-    xw[3] = xr.w;
-    for (int t = 0; t < 4; ++t) {
-      const mg_f2 xv = mg_unpack2<T>(xw[t]);
-      float q0;
-      float q1;
-      if (QB == 4) {
-        q0 = (float)((words[c] >> (8 * t)) & 0xFu);
-        q1 = (float)((words[c] >> (8 * t + 4)) & 0xFu);
-      } else {
-        const uint32_t word = words[2 * c + (t >> 1)];
-        const uint32_t sh = 16u * (uint32_t)(t & 1);
-        q0 = (float)((word >> sh) & 0xFFu);
-        q1 = (float)((word >> (sh + 8u)) & 0xFFu);
-      }
-      dq += xv.x * q0 + xv.y * q1;
-      sx += xv.x + xv.y;
-    }
-  }
-  mg_f2 r;
-  r.x = dq;
-  r.y = sx;
-  return r;
+  const mg_u4 x0 = MG_LOAD_U4(x);
+  const mg_u4 x1 = MG_LOAD_U4(x + 8);
+  if (QB == 4) return mg_qdot_chunk<T, 4>(w, x0, x1, MG_LOAD_U4(x + 16), MG_LOAD_U4(x + 24));
+  return mg_qdot_chunk<T, 8>(w, x0, x1, x0, x1);
 }
 
 // One lane's partial dot of a weight row with x over [0, K): dense rows of T (QB 0), or MLX-quantized

@@ -17,6 +17,9 @@ every launch of a token runs on the one stream, after the previous token's sampl
 so nothing else touches them meanwhile. The runtime layer count and the token-or-embedding input
 let the same compiled kernel serve any decoder of the same head dim and flags.
 
+MLX-quantized weights (weights.quant, 4 or 8 bits) run on the megakernel only (`decode_megakernel_q`,
+`decode_megakernel_moe_q`: MG_QUANT), each quantized input followed by its scales and biases.
+
 MoE decoders (weights.moe) run the body's MG_MOE variant (`decode_megakernel_moe`, `decode_layer_moe`,
 version 1): 6 phases a layer, the sparse layers' router, routing and chosen experts on the GPU; the
 fused path skips the dense layers' idle sixth launch.
@@ -90,6 +93,7 @@ VERSIONS = (1, 2)
 class _GpuDecoder:
     base_kernel = ""
     base_name = ""
+    quant_ok = False  # whether this path has quantized kernels
 
     def __init__(self, weights: StackedWeights, blocks: Optional[int] = None, version: int = 1):
         w = weights
@@ -100,9 +104,13 @@ class _GpuDecoder:
             raise ValueError("decode kernel version 2 needs head_dim <= 128")
         self.version = version
         m = w.moe
-        if m is not None and version != 1:
-            raise ValueError("the MoE decode kernels are version 1 only")
-        self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "") + ("_moe" if m is not None else "")
+        q = w.quant
+        if (m is not None or q is not None) and version != 1:
+            raise ValueError("the MoE and quantized decode kernels are version 1 only")
+        if q is not None and not self.quant_ok:
+            raise ValueError("quantized weights run on the megakernel only")
+        self.kernel_name = (self.base_kernel + ("_v2" if version == 2 else "") + ("_moe" if m is not None else "")
+                            + ("_q" if q is not None else ""))
         self.name = self.base_name + ("_v2" if version == 2 else "")
         if w.dtype not in (mx.bfloat16, mx.float16):
             raise ValueError(f"the {self.name} path needs bfloat16 or float16 weights, not {w.dtype}")
@@ -128,6 +136,12 @@ class _GpuDecoder:
                          ("HKVT", w.kv_heads), ("IT", w.inter)]
         if m is not None:
             self.template += [("EXT", m.experts), ("KX", m.top_k), ("MIT", m.inter), ("SIT", m.shared)]
+        if q is not None:
+            self.template += [("QB", q.bits), ("GS", q.group_size), ("QBR", q.gate_bits), ("GSR", q.gate_group_size)]
+            names = S.QUANT_MOE_WEIGHTS if m is not None else S.QUANT_WEIGHTS
+            self.quant_inputs = [a for name in names for a in q.params[name]]
+        else:
+            self.quant_inputs = []
         work = w.hidden + w.qkv_dim + act + w.heads * self.max_splits * (w.head_dim + 2)
         # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
         # zeroed between their uses); allocated for both versions
@@ -205,7 +219,8 @@ class _GpuDecoder:
         moe = list(w.moe.arrays) if w.moe is not None else []
         return _kernel(self.kernel_name)(
             inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
-                    table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe,
+                    table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe
+            + self.quant_inputs,
             template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
 
@@ -229,6 +244,7 @@ class _GpuDecoder:
 class MegakernelDecoder(_GpuDecoder):
     base_kernel = "decode_megakernel"
     base_name = "megakernel"
+    quant_ok = True
     init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
 
     def _stamps(self, state: DecodeState):

@@ -57,6 +57,38 @@ class ReferenceDecoder:
     def prepare(self, state: DecodeState) -> DecodeState:
         return state
 
+    def _arrays(self, name: str) -> mx.array:
+        w, m = self.w, self.w.moe
+        return {"embed": w.embed, "wqkv": w.wqkv, "wo": w.wo, "wgu": w.wgu, "wd": w.wd}.get(name) if m is None or \
+            name in ("embed", "wqkv", "wo", "wgu", "wd") else getattr(m, name)
+
+    def _quant(self, name: str):
+        """(scales, biases, group size, bits) of a stacked array, or None where it is dense."""
+        q = self.w.quant
+        if q is None:
+            return None
+        gate = name in ("wr", "wsg")
+        bits, gs = (q.gate_bits, q.gate_group_size) if gate else (q.bits, q.group_size)
+        return (*q.params[name], gs, bits) if bits else None
+
+    def _linear(self, name: str, index, x: mx.array, bias=None) -> mx.array:
+        """x @ W.T for the rows `index` (a tuple index) of the stacked array `name`, dense or quantized,
+        as the plain path's Linear / QuantizedLinear computes it."""
+        q = self._quant(name)
+        w = self._arrays(name)[index]
+        if q is None:
+            return K.linear(x, w, bias)
+        s, b, gs, bits = q
+        return K.quantized_linear(x, w, s[index], b[index], gs, bits, bias=bias)
+
+    def _experts(self, name: str, s: int) -> K.Experts:
+        q = self._quant(name)
+        w = self._arrays(name)[s, ...]
+        if q is None:
+            return K.Experts(w)
+        sc, b, gs, bits = q
+        return K.Experts(w, sc[s, ...], b[s, ...], gs, bits)
+
     def step(self, state: DecodeState, token: Optional[mx.array] = None,
              embedding: Optional[mx.array] = None) -> mx.array:
         """Run one token (token id (1,) int32, or an embedding (H,) / (1, H)) at `state.pos` and
@@ -67,17 +99,22 @@ class ReferenceDecoder:
         pos = state.pos
         if pos >= state.capacity:
             raise ValueError(f"decode position {pos} is past the cache capacity {state.capacity}")
+        if self.split_k and w.quant is not None:
+            raise ValueError("the split-K reference is dense only")
         if embedding is None:
             if not w.vocab:
                 raise ValueError("this stack has no token embedding: pass an embedding")
-            h = w.embed[token.reshape(-1)[:1]]
+            tok = token.reshape(-1)[:1]
+            q = self._quant("embed")
+            h = w.embed[tok] if q is None else mx.dequantize(w.embed[tok], q[0][tok], q[1][tok], group_size=q[2],
+                                                             bits=q[3])
         else:
             h = embedding.reshape(1, H).astype(w.dtype)
         h = h.reshape(1, 1, H)
         table = w.rope_table
         for l in range(w.layers):
             x = K.rms_norm(h, w.norms[l, 0], eps)
-            qkv = K.linear(x, w.wqkv[l], w.bqkv[l] if w.has_bias else None)
+            qkv = self._linear("wqkv", (l, ...), x, w.bqkv[l] if w.has_bias else None)
             q = qkv[..., :QD].reshape(1, 1, Hq, D)
             k = qkv[..., QD:QD + KD].reshape(1, 1, Hkv, D)
             v = qkv[..., QD + KD:].reshape(1, 1, Hkv, D)
@@ -91,27 +128,25 @@ class ReferenceDecoder:
             state.vc[l, :, pos:pos + 1, :] = v[0]
             o = K.decode_attention(q, state.kc[l:l + 1], state.vc[l:l + 1], pos + 1, D**-0.5)
             o = o.transpose(0, 2, 1, 3).reshape(1, 1, QD)
-            h = h + (splitk_linear(o, w.wo[l]) if self.split_k else K.linear(o, w.wo[l]))
+            h = h + (splitk_linear(o, w.wo[l]) if self.split_k else self._linear("wo", (l, ...), o))
             x = K.rms_norm(h, w.norms[l, 1], eps)
             m = w.moe
             if m is not None and l in m.sparse_layers:
                 h = h + self._sparse(x.reshape(1, H), m, m.sparse_layers.index(l)).reshape(1, 1, H)
                 continue
             d = l if m is None else l - sum(1 for i in m.sparse_layers if i < l)  # ordinal among dense layers
-            g = K.linear(x, w.wgu[d, 0])
-            u = K.linear(x, w.wgu[d, 1])
+            g = self._linear("wgu", (d, 0), x)
+            u = self._linear("wgu", (d, 1), x)
             a = nn.silu(g) * u
-            h = h + (splitk_linear(a, w.wd[d, ...]) if self.split_k else K.linear(a, w.wd[d, ...]))
+            h = h + (splitk_linear(a, w.wd[d, ...]) if self.split_k else self._linear("wd", (d, ...), a))
         state.pos = pos + 1
         return K.rms_norm(h, w.fnorm, eps).reshape(1, H)
 
-    @staticmethod
-    def _sparse(x: mx.array, m, s: int) -> mx.array:
+    def _sparse(self, x: mx.array, m, s: int) -> mx.array:
         """A sparse layer's feed-forward (the plain path's SparseMoeBlock on the stacks): x (1, H)."""
-        scores, inds = K.moe_route(K.linear(x, m.wr[s, ...]), m.top_k, m.norm_topk)
-        y = K.moe_experts(x, inds, scores, K.Experts(m.wgx[s, ...]), K.Experts(m.wux[s, ...]),
-                          K.Experts(m.wdx[s, ...]))
+        scores, inds = K.moe_route(self._linear("wr", (s, ...), x), m.top_k, m.norm_topk)
+        y = K.moe_experts(x, inds, scores, self._experts("wgx", s), self._experts("wux", s), self._experts("wdx", s))
         if m.shared:
-            sh = K.linear(nn.silu(K.linear(x, m.wsgu[s, 0])) * K.linear(x, m.wsgu[s, 1]), m.wsd[s, ...])
-            y = y + mx.sigmoid(K.linear(x, m.wsg[s:s + 1])) * sh
+            a = nn.silu(self._linear("wsgu", (s, 0), x)) * self._linear("wsgu", (s, 1), x)
+            y = y + mx.sigmoid(self._linear("wsg", (slice(s, s + 1),), x)) * self._linear("wsd", (s, ...), a)
         return y

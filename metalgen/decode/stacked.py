@@ -14,17 +14,21 @@ layers); the sparse layers' routers wr (Ls, E, H), experts wgx, wux (Ls, E, MI, 
 (Ls, E, H, MI) (the model's own expert stacks, made at load) and shared experts wsgu (Ls, 2, SI, H),
 wsd (Ls, H, SI), wsg (Ls, H) are indexed by the ordinal among sparse layers; ltab (L, 2) int32 says per
 layer (sparse?, ordinal).
+
+MLX-quantized models (`QuantStacks`): the same arrays hold the packed uint32 words (rows of K * bits / 32),
+and each has its scales and biases stacked alike; one bits and group size for everything the kernels
+read, but the routers and shared experts' gates (their own: mlx_lm.convert keeps them at 8 bits).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
 from ..models.layers import QuantizedLinear
-from ..models.moe import QuantizedSwitchLinear, stack_sparse_layers
+from ..models.moe import EXPERT_BITS, EXPERT_GROUP_SIZES, stack_sparse_layers
 
 
 @dataclasses.dataclass
@@ -52,6 +56,19 @@ class MoeStacks:
 
 
 @dataclasses.dataclass
+class QuantStacks:
+    """The quantization of a stack: bits and group size of the weights, of the gates (routers, shared
+    experts' gates), and each quantized array's (scales, biases) by its name (kernels_metal.source's
+    QUANT_MOE_WEIGHTS)."""
+
+    bits: int
+    group_size: int
+    gate_bits: int
+    gate_group_size: int
+    params: Dict[str, Tuple[mx.array, mx.array]]
+
+
+@dataclasses.dataclass
 class StackedWeights:
     hidden: int
     layers: int
@@ -75,6 +92,7 @@ class StackedWeights:
     fnorm: mx.array
     rope_table: object  # kernels_metal RopeTable (cos, sin, max_positions)
     moe: Optional[MoeStacks] = None
+    quant: Optional[QuantStacks] = None
 
     @property
     def q_dim(self) -> int:
@@ -92,12 +110,63 @@ class StackedWeights:
     def nbytes(self) -> int:
         arrays = (self.embed, self.wqkv, self.bqkv, self.qkn, self.wo, self.wgu, self.wd, self.norms,
                   self.fnorm) + (self.moe.arrays if self.moe is not None else ())
+        if self.quant is not None:
+            arrays += tuple(a for pair in self.quant.params.values() for a in pair)
         return sum(a.nbytes for a in arrays)
 
 
 def _stack_of(model):
     """The layer stack (a DecoderModel) of a CausalLM, or the DecoderModel itself."""
     return model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
+
+
+def _quantized(m) -> Optional[Tuple[int, int]]:
+    """(bits, group_size) of an MLX-quantized layer (Linear, Embedding or experts), None if dense."""
+    return (int(m.bits), int(m.group_size)) if "scales" in m else None
+
+
+def _weight_layers(stack):
+    """The layers whose weights the decode kernels read, as (main, gates): attention, dense feed-forwards,
+    experts, shared experts and the token embedding; the routers and shared experts' gates."""
+    main, gates = [], []
+    for layer in stack.layers:
+        a, m = layer.self_attn, layer.mlp
+        main += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        if "switch_mlp" in m:
+            main += [m.switch_mlp.gate_proj, m.switch_mlp.up_proj, m.switch_mlp.down_proj]
+            gates.append(m.gate)
+            if "shared_expert" in m:
+                main += [m.shared_expert.gate_proj, m.shared_expert.up_proj, m.shared_expert.down_proj]
+                gates.append(m.shared_expert_gate)
+        else:
+            main += [m.gate_proj, m.up_proj, m.down_proj]
+    if "embed_tokens" in stack:
+        main.append(stack.embed_tokens)
+    return main, gates
+
+
+def quantization_of(model) -> Tuple[Optional[str], Optional[Tuple[int, int]], Optional[Tuple[int, int]]]:
+    """(why the kernels cannot read this model's weights or None, (bits, group size) of its weights or
+    None if dense, of its gates or None). The kernels take one quantization for all the weights (and one
+    for the gates), 4 or 8 bits with group size 32, 64 or 128, scales in the activations' dtype."""
+    stack = _stack_of(model)
+    main, gates = _weight_layers(stack)
+    dtype = stack.layers[0].input_layernorm.weight.dtype
+    found = []
+    for what, mods in (("weights", main), ("routers", gates)):
+        kinds = {_quantized(m) for m in mods}
+        if len(kinds) > 1:
+            return f"mixed quantization of the {what} ({', '.join(sorted(map(str, kinds)))})", None, None
+        q = kinds.pop() if kinds else None
+        if q is not None:
+            if q[0] not in EXPERT_BITS or q[1] not in EXPERT_GROUP_SIZES:
+                return f"{q[0]}-bit {what} with group size {q[1]} (the kernels take 4 or 8 bits, groups of 32-128)", None, None
+            if any(m.scales.dtype != dtype for m in mods):
+                return f"quantization scales in another dtype than the activations' ({dtype})", None, None
+        found.append(q)
+    if found[0] is None and found[1] is not None:
+        return "quantized routers with dense weights", None, None
+    return None, found[0], found[1]
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -107,15 +176,9 @@ def unsupported_reason(model) -> Optional[str]:
     layers = stack.layers
     if not layers:
         return "the model has no layers"
-    for layer in layers:
-        mlp = layer.mlp
-        lins = [layer.self_attn.q_proj, layer.self_attn.o_proj]
-        if "switch_mlp" in mlp:
-            lins += [mlp.gate, mlp.switch_mlp.gate_proj] + ([mlp.shared_expert.gate_proj] if "shared_expert" in mlp else [])
-        else:
-            lins.append(mlp.gate_proj)
-        if any(isinstance(lin, (QuantizedLinear, QuantizedSwitchLinear)) for lin in lins):
-            return "quantized weights (the stacked paths are dense only)"
+    problem = quantization_of(model)[0]
+    if problem:
+        return problem
     moe = stack.spec.moe
     if moe is not None:
         if moe.intermediate_size % 8 or moe.shared_intermediate_size % 8:
@@ -124,8 +187,6 @@ def unsupported_reason(model) -> Optional[str]:
         if st is None and len({tuple(layers[i].mlp.switch_mlp.gate_proj.weight.shape)
                                for i in moe.sparse_layers}) != 1:
             return "sparse layers with different expert shapes"
-    if "lm_head" in model and isinstance(model.lm_head, QuantizedLinear):
-        return "a quantized LM head"
     embed = getattr(_stack_of(model), "embed_tokens", None)
     if embed is not None and not hasattr(embed, "weight"):  # pragma: no cover - defensive
         return "an unexpected embedding"
@@ -139,6 +200,7 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
     reason = unsupported_reason(model)
     if reason:
         raise ValueError(f"cannot stack this model's weights: {reason}")
+    _, qmain, qgate = quantization_of(model)
     stack = _stack_of(model)
     spec = stack.spec
     layers = stack.layers
@@ -148,42 +210,63 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
     QD, KD = Hq * D, Hkv * D
     has_bias = "bias" in attn0.q_proj
     qk_norm = "q_norm" in attn0
-    dtype = attn0.q_proj.weight.dtype
+    dtype = layers[0].input_layernorm.weight.dtype  # the activations' (a quantized weight is uint32 words)
+    # a quantized layer's arrays: its words, scales and biases, stacked alike
+    names = ("weight", "scales", "biases") if qmain else ("weight",)
+    gate_names = ("weight", "scales", "biases") if qgate else ("weight",)
 
     moe = spec.moe
     sparse = set(moe.sparse_layers) if moe is not None else set()
     dense = [i for i in range(L) if i not in sparse]
 
-    def stk(f, which=None):
+    def stk(f, which=None, params=names):
+        """{param: stacked f(layer, param)} over all layers, or the layers `which`."""
         chosen = layers if which is None else [layers[i] for i in which]
-        return mx.stack([f(layer) for layer in chosen])
+        return {n: mx.stack([f(layer, n) for layer in chosen]) for n in params}
 
-    wqkv = stk(lambda y: mx.concatenate([y.self_attn.q_proj.weight, y.self_attn.k_proj.weight,
-                                         y.self_attn.v_proj.weight], axis=0))
-    bqkv = (stk(lambda y: mx.concatenate([y.self_attn.q_proj.bias, y.self_attn.k_proj.bias,
-                                          y.self_attn.v_proj.bias])) if has_bias else mx.zeros((1,), dtype))
-    qkn = (stk(lambda y: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]))
+    def none():
+        return {n: mx.zeros((1,), dtype) for n in names}
+
+    wqkv = stk(lambda y, n: mx.concatenate([y.self_attn.q_proj[n], y.self_attn.k_proj[n], y.self_attn.v_proj[n]], axis=0))
+    bqkv = (stk(lambda y, n: mx.concatenate([y.self_attn.q_proj.bias, y.self_attn.k_proj.bias, y.self_attn.v_proj.bias]),
+                params=("weight",))["weight"] if has_bias else mx.zeros((1,), dtype))
+    qkn = (stk(lambda y, n: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]), params=("weight",))["weight"]
            if qk_norm else mx.zeros((1,), dtype))
-    wo = stk(lambda y: y.self_attn.o_proj.weight)
+    wo = stk(lambda y, n: y.self_attn.o_proj[n])
     # the dense feed-forwards, by their ordinal among dense layers (a placeholder the kernels never
     # read when every layer is sparse)
-    wgu = stk(lambda y: mx.stack([y.mlp.gate_proj.weight, y.mlp.up_proj.weight]), dense) if dense else mx.zeros((1,), dtype)
-    wd = stk(lambda y: y.mlp.down_proj.weight, dense) if dense else mx.zeros((1,), dtype)
-    norms = stk(lambda y: mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]))
+    wgu = stk(lambda y, n: mx.stack([y.mlp.gate_proj[n], y.mlp.up_proj[n]]), dense) if dense else none()
+    wd = stk(lambda y, n: y.mlp.down_proj[n], dense) if dense else none()
+    norms = stk(lambda y, n: mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]),
+                params=("weight",))["weight"]
     embed_tokens = getattr(stack, "embed_tokens", None)
-    embed = embed_tokens.weight if embed_tokens is not None else mx.zeros((1, H), dtype)
-    arrays = [wqkv, bqkv, qkn, wo, wgu, wd, norms, embed]
-    moe_stacks = _stack_moe(stack, moe, dense, dtype) if moe is not None else None
+    embed = ({n: embed_tokens[n] for n in names} if embed_tokens is not None
+             else {n: mx.zeros((1, H), dtype) for n in names})
+    families = {"embed": embed, "wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd}
+    arrays = [a for fam in families.values() for a in fam.values()] + [bqkv, qkn, norms]
+    moe_stacks, moe_quant, moe_st = (_stack_moe(stack, moe, dense, dtype, names, gate_names) if moe is not None
+                                     else (None, {}, None))
     if moe_stacks is not None:
         arrays += [moe_stacks.ltab, moe_stacks.wr, moe_stacks.wsgu, moe_stacks.wsd, moe_stacks.wsg]
+        arrays += [a for pair in moe_quant.values() for a in pair]
     mx.eval(arrays)
     if rebind:
         views = []
         for l, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
-            a.q_proj["weight"] = wqkv[l, :QD]
-            a.k_proj["weight"] = wqkv[l, QD:QD + KD]
-            a.v_proj["weight"] = wqkv[l, QD + KD:]
+            for n in names:
+                a.q_proj[n] = wqkv[n][l, :QD]
+                a.k_proj[n] = wqkv[n][l, QD:QD + KD]
+                a.v_proj[n] = wqkv[n][l, QD + KD:]
+                # `wo[l, ...]` is a view; a bare integer index would gather a copy (memory would double)
+                a.o_proj[n] = wo[n][l, ...]
+                views += [a.q_proj[n], a.k_proj[n], a.v_proj[n], a.o_proj[n]]
+                if l not in sparse:
+                    d = dense.index(l)
+                    m.gate_proj[n] = wgu[n][d, 0]
+                    m.up_proj[n] = wgu[n][d, 1]
+                    m.down_proj[n] = wd[n][d, ...]
+                    views += [m.gate_proj[n], m.up_proj[n], m.down_proj[n]]
             if has_bias:
                 a.q_proj["bias"] = bqkv[l, :QD]
                 a.k_proj["bias"] = bqkv[l, QD:QD + KD]
@@ -191,32 +274,29 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
             if qk_norm:
                 a.q_norm["weight"] = qkn[l, 0]
                 a.k_norm["weight"] = qkn[l, 1]
-            # `wo[l, ...]` is a view; a bare integer index would gather a copy (memory would double)
-            a.o_proj["weight"] = wo[l, ...]
-            if l not in sparse:
-                d = dense.index(l)
-                m.gate_proj["weight"] = wgu[d, 0]
-                m.up_proj["weight"] = wgu[d, 1]
-                m.down_proj["weight"] = wd[d, ...]
-                views += [m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight]
             layer.input_layernorm["weight"] = norms[l, 0]
             layer.post_attention_layernorm["weight"] = norms[l, 1]
-            views += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
         if moe_stacks is not None:
-            views += _rebind_moe(stack, moe_stacks)
+            views += _rebind_moe(stack, moe_stacks, moe_st, names, gate_names)
         mx.eval(views)
+    quant = None
+    if qmain:
+        params = {k: (fam["scales"], fam["biases"]) for k, fam in families.items()}
+        params.update(moe_quant)
+        quant = QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
     return StackedWeights(
         hidden=H, layers=L, heads=Hq, kv_heads=Hkv, head_dim=D, inter=spec.intermediate_size,
         vocab=spec.vocab_size if embed_tokens is not None else 0, eps=float(spec.rms_norm_eps),
-        has_bias=has_bias, qk_norm=qk_norm, dtype=dtype, embed=embed, wqkv=wqkv, bqkv=bqkv, qkn=qkn,
-        wo=wo, wgu=wgu, wd=wd, norms=norms, fnorm=stack.norm.weight, rope_table=attn0._rope.table,
-        moe=moe_stacks)
+        has_bias=has_bias, qk_norm=qk_norm, dtype=dtype, embed=embed["weight"], wqkv=wqkv["weight"], bqkv=bqkv,
+        qkn=qkn, wo=wo["weight"], wgu=wgu["weight"], wd=wd["weight"], norms=norms, fnorm=stack.norm.weight,
+        rope_table=attn0._rope.table, moe=moe_stacks, quant=quant)
 
 
-def _stack_moe(stack, moe, dense, dtype) -> MoeStacks:
-    """The sparse layers' stacks: the routers and shared experts stacked here, the experts taken from
-    the model's own stacks (made at load), or stacked now if the model has none (a model built in
-    memory, or whose expert weights were replaced since)."""
+def _stack_moe(stack, moe, dense, dtype, names, gate_names):
+    """The sparse layers' stacks (MoeStacks), if quantized the (scales, biases) of each of their arrays
+    by name, and the stacks of every param (for rebinding): the routers and shared experts stacked here, the experts taken from the model's own
+    stacks (made at load), or stacked now if the model has none (a model built in memory, or whose
+    expert weights were replaced since)."""
     layers = stack.layers
     sp = list(moe.sparse_layers)
     ltab = mx.array([[1, sp.index(i)] if i in sp else [0, dense.index(i)] for i in range(len(layers))], mx.int32)
@@ -228,35 +308,55 @@ def _stack_moe(stack, moe, dense, dtype) -> MoeStacks:
             return layers[layer].mlp.switch_mlp[proj][param]
 
         stack._expert_stacks = experts = stack_sparse_layers(stack, moe, current)
-    wr = mx.stack([layers[i].mlp.gate.weight for i in sp])
+    blocks = [layers[i].mlp for i in sp]
+    wr = {n: mx.stack([b.gate[n] for b in blocks]) for n in gate_names}
     if moe.shared_intermediate_size:
-        wsgu = mx.stack([mx.stack([layers[i].mlp.shared_expert.gate_proj.weight,
-                                   layers[i].mlp.shared_expert.up_proj.weight]) for i in sp])
-        wsd = mx.stack([layers[i].mlp.shared_expert.down_proj.weight for i in sp])
-        wsg = mx.concatenate([layers[i].mlp.shared_expert_gate.weight for i in sp])  # (Ls, H)
+        wsgu = {n: mx.stack([mx.stack([b.shared_expert.gate_proj[n], b.shared_expert.up_proj[n]]) for b in blocks])
+                for n in names}
+        wsd = {n: mx.stack([b.shared_expert.down_proj[n] for b in blocks]) for n in names}
+        wsg = {n: mx.concatenate([b.shared_expert_gate[n] for b in blocks]) for n in gate_names}  # (Ls, ...)
     else:
-        wsgu = wsd = wsg = mx.zeros((1,), dtype)
+        wsgu = wsd = {n: mx.zeros((1,), dtype) for n in names}
+        wsg = {n: mx.zeros((1,), dtype) for n in gate_names}
     a = experts.arrays
-    return MoeStacks(moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_intermediate_size,
-                     moe.norm_topk_prob, tuple(sp), ltab, wr, a["gate_proj.weight"], a["up_proj.weight"],
-                     a["down_proj.weight"], wsgu, wsd, wsg)
+    ex = {p: {n: a[f"{p}.{n}"] for n in names} for p in ("gate_proj", "up_proj", "down_proj")}
+    m = MoeStacks(moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_intermediate_size,
+                  moe.norm_topk_prob, tuple(sp), ltab, wr["weight"], ex["gate_proj"]["weight"],
+                  ex["up_proj"]["weight"], ex["down_proj"]["weight"], wsgu["weight"], wsd["weight"], wsg["weight"])
+    quant = {}
+    if len(names) > 1:
+        for key, fam in (("wgx", ex["gate_proj"]), ("wux", ex["up_proj"]), ("wdx", ex["down_proj"]), ("wsgu", wsgu),
+                         ("wsd", wsd)):
+            quant[key] = (fam["scales"], fam["biases"])
+    if len(gate_names) > 1:
+        quant["wr"] = (wr["scales"], wr["biases"])
+        quant["wsg"] = (wsg["scales"], wsg["biases"])
+    elif len(names) > 1:
+        # dense gates beside quantized weights: the kernels read them dense (gate bits 0) and never
+        # read these placeholders
+        quant["wr"] = quant["wsg"] = (mx.zeros((1,), dtype), mx.zeros((1,), dtype))
+    return m, quant, {"wr": wr, "wsgu": wsgu, "wsd": wsd, "wsg": wsg}
 
 
-def _rebind_moe(stack, m: MoeStacks) -> list:
-    """Point the sparse layers' routers and shared experts at views of the stacks (the experts are
-    views already)."""
+def _rebind_moe(stack, m: MoeStacks, st, names, gate_names) -> list:
+    """Point the sparse layers' routers and shared experts at views of their stacks `st` (the experts
+    are views already)."""
     views = []
     for s, i in enumerate(m.sparse_layers):
         blk = stack.layers[i].mlp
-        blk.gate["weight"] = m.wr[s, ...]
-        views.append(blk.gate.weight)
+        for n in gate_names:
+            blk.gate[n] = st["wr"][n][s, ...]
+            views.append(blk.gate[n])
+            if m.shared:
+                blk.shared_expert_gate[n] = st["wsg"][n][s:s + 1]
+                views.append(blk.shared_expert_gate[n])
         if m.shared:
             sh = blk.shared_expert
-            sh.gate_proj["weight"] = m.wsgu[s, 0]
-            sh.up_proj["weight"] = m.wsgu[s, 1]
-            sh.down_proj["weight"] = m.wsd[s, ...]
-            blk.shared_expert_gate["weight"] = m.wsg[s:s + 1]
-            views += [sh.gate_proj.weight, sh.up_proj.weight, sh.down_proj.weight, blk.shared_expert_gate.weight]
+            for n in names:
+                sh.gate_proj[n] = st["wsgu"][n][s, 0]
+                sh.up_proj[n] = st["wsgu"][n][s, 1]
+                sh.down_proj[n] = st["wsd"][n][s, ...]
+                views += [sh.gate_proj[n], sh.up_proj[n], sh.down_proj[n]]
     return views
 
 
