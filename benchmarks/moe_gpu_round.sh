@@ -3,6 +3,8 @@
 # against plain on Qwen3-30B-A3B, and `metalgen bench --compare mlx-lm` (mlx-lm in its own process on its
 # own weights). Logs go to benchmarks/results/ by hand.
 # Usage (repo root, MLX and mlx-lm installed): OUT=dir PART=checks|decode|prefill bash benchmarks/moe_gpu_round.sh
+# checks: the MoE kernel tests, the prefill kernel check (grouped GEMM tiles, against the built-in), the
+# prefill memory probe.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -16,12 +18,14 @@ bench() {  # name, then metalgen bench's arguments
 }
 case "$part" in
 checks)
-    timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels_moe.py tests/test_decode_paths.py \
-        -k "gpu or moe or bitwise or quantized" 2>&1 | grep -E "vs plain|passed|failed|Error|assert|FAILED" \
-        | tee "$out/gpu_tests.txt"
-    timeout 150 python3 benchmarks/decode_phase_probe.py qwen3-30b-a3b qwen3-30b-a3b-4bit --versions 1 --tokens 24 2>&1 \
-        | grep -v -i warning | tee "$out/phase_probe.txt"
-    timeout 100 python3 benchmarks/moe_decode_check.py dummy:qwen3-30b-a3b-4bit megakernel 2>&1 | tee "$out/check_30b_4bit.txt"
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels_moe.py -k gpu 2>&1 \
+        | grep -E "passed|failed|Error|assert|FAILED" | tee "$out/gpu_tests.txt"
+    timeout 150 python3 -m kernels_metal.check --quick --only moe_prefill --out "$out" 2>&1 | grep -v -i warning \
+        | tail -n 40 | tee "$out/check_moe.txt"
+    for m in dummy:qwen3-30b-a3b dummy:qwen3-30b-a3b-4bit; do
+        timeout 200 python3 benchmarks/prefill_memory_probe.py $m --modes gemm,blocks 2>&1 | grep -v -i warning \
+            | tee -a "$out/memory_probe.txt"
+    done
     ;;
 decode)
     echo "## bf16, prompt 128, 256 tokens" >> "$out/bench.txt"

@@ -268,6 +268,28 @@ def c_moe_route(T, E, k):
 
 
 @case
+def c_moe_gemm_tiles(T, H, I, E, k):
+    """The grouped GEMM kernels' column tiles (gate/up, down) at T tokens."""
+    saved = gpu.MOE_GEMM_BN_GATE_UP, gpu.MOE_GEMM_BN_DOWN
+    g, u, d = _experts(E, I, H, 0, 64), _experts(E, I, H, 0, 64), _experts(E, H, I, 0, 64)
+    x = rnd((T, H), mx.bfloat16)
+    scores, inds = ref.moe_route(rnd((T, E), mx.bfloat16, 3.0), k, True)
+    mx.eval(scores, inds)
+    n = 16
+    want = ref.moe_experts(x[:n], inds[:n], scores[:n], g, u, d)
+    try:
+        for bgu, bd in [(64, 64), (128, 64), (64, 128), (128, 128)]:
+            gpu.MOE_GEMM_BN_GATE_UP, gpu.MOE_GEMM_BN_DOWN = bgu, bd
+            f = lambda: gpu.moe_gemm(x, inds, scores, g, u, d)  # noqa: E731
+            err = relerr(f()[:n], want)
+            t = bench(f, reps=5 if T > 256 else 20, trials=5)
+            record(f"moe_gemm_{bgu}_{bd}", f"T{T} H{H} I{I} E{E} k{k}", err, 2e-2, t, None,
+                   sum(_expert_bytes(e, E) for e in (g, u, d)), "-", dict(T=T, tflops=2 * 3 * T * k * H * I / t / 1e12))
+    finally:
+        gpu.MOE_GEMM_BN_GATE_UP, gpu.MOE_GEMM_BN_DOWN = saved
+
+
+@case
 def c_moe_experts(T, H, I, E, k, bits, gs=64, block=None, ref_check=True):
     """The routed experts at T tokens: ours (GEMV kernels for few tokens, else grouped blocks) against
     the reference (small T) or mlx-lm's sorted gather_mm (large T), timed against the latter."""
@@ -277,12 +299,15 @@ def c_moe_experts(T, H, I, E, k, bits, gs=64, block=None, ref_check=True):
     x = rnd((T, H), mx.bfloat16)
     scores, inds = ref.moe_route(rnd((T, E), mx.bfloat16, 3.0), k, True)
     mx.eval(scores, inds)
-    if block:
+    if block:  # the built-in gather_mm / gather_qmm over blocks of `block` rows
         f = lambda: gpu.moe_grouped(x, inds, scores, g, u, d, block=block)  # noqa: E731
         name = f"moe_blocks{block}"
     else:
         f = lambda: gpu.moe_experts(x, inds, scores, g, u, d)  # noqa: E731
-        name = "moe_gemv" if T <= gpu.MOE_GEMV_MAX_TOKENS else "moe_blocks"
+        if T <= gpu.MOE_GEMV_MAX_TOKENS:
+            name = "moe_gemv"
+        else:
+            name = "moe_gemm" if gpu.MOE_GROUPED == "gemm" and gpu._gemm_ok(x, g, u, d) else "moe_blocks"
     y = f()
     # the reference on the first 16 tokens (all of them when few): its float32 gathered weights take
     # T x k expert matrices
@@ -409,9 +434,13 @@ def main(argv=None):
         c_moe_experts(1, 2048, 1408, 60, 4, 0)  # Qwen1.5-MoE
         for A, E, B in [(8, 128, 64), (16384, 128, 64), (16384, 128, 16), (20480, 512, 32)]:
             c_moe_pack(A, E, B)
+    if want("moe_prefill"):
+        for T in (512, 2048):
+            c_moe_gemm_tiles(T, 2048, 768, 128, 8)
+        # prefill-shaped: ours (bf16: the grouped GEMM kernels) and the built-in over blocks
         for bits in (0, 4):
-            for T in ([16, 2048] if q else [8, 16, 128, 512, 2048]):
-                for block in ([None] if q else [16, 32, 64]):
+            for T in ([16, 512, 2048] if q else [8, 16, 128, 512, 2048, 4096]):
+                for block in ([None, 64] if q else [None, 16, 64]):
                     c_moe_experts(T, 2048, 768, 128, 8, bits, block=block, ref_check=T <= 16)
     fell = {k: v for k, v in gpu.status().items() if v is False}
     log(f"variants that fell back to the reference: {fell if fell else 'none'}")

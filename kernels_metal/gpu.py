@@ -353,9 +353,14 @@ def sample(logits, temperature, top_k, top_p, min_p, state):
 # gather_qmm per projection over the blocks.
 MOE_GEMV_MAX_TOKENS = 4
 MOE_BLOCK = 64
-# "blocks" (above) or "sorted": mlx-lm's formulation (one row per assignment, sorted by expert, the
-# built-in's grouped path), kept for the benchmarks' comparison
-MOE_GROUPED = "blocks"
+# 16-bit experts take the grouped GEMM kernels (moe_gemm: blocks of MOE_GEMM_BLOCK rows, MOE_GEMM_BN_*
+# columns of each weight a group), quantized ones too (dequantized as staged).
+MOE_GEMM_BLOCK = 64
+MOE_GEMM_BN_GATE_UP = 128
+MOE_GEMM_BN_DOWN = 128
+# "gemm" (above), "blocks" (the built-in gather_mm for every dtype) or "sorted": mlx-lm's formulation
+# (one row per assignment, sorted by expert, the built-in's grouped path), kept for the comparisons
+MOE_GROUPED = "gemm"
 MOE_WARPS = 4
 
 
@@ -438,9 +443,26 @@ def _grouped_product(xb, ex, bexp):
     return mx.gather_mm(xb, ex.weight.swapaxes(-1, -2), rhs_indices=bexp)
 
 
+def moe_unpack(y, dst, scores, dtype):
+    """Block-ordered expert outputs y (rows, H) -> each assignment's row (dst), weighted by its score
+    and summed over the k slots in float32, rounded once -> (T, H) (moe_unpack: no (T, k, H) array)."""
+    T, k = scores.shape
+    H = y.shape[-1]
+
+    def fb():
+        yt = y[dst].reshape(T, k, H)
+        return (scores.astype(mx.float32)[..., None] * yt.astype(mx.float32)).sum(axis=1).astype(dtype)
+
+    if y.dtype not in (mx.bfloat16, mx.float16) or H % 8 or T == 0:
+        return fb()
+    return _run("moe_unpack", (y.dtype,), fb, inputs=[y, dst, scores.astype(y.dtype), _i32(H, k, T)],
+                template=[("T", y.dtype)], grid=(-(-T * (H // 8) // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+                output_shapes=[(T, H)], output_dtypes=[y.dtype])[0].astype(dtype)
+
+
 def moe_grouped(x, inds, scores, gate, up, down, block=None):
-    """The routed experts as grouped GEMMs over blocks of one expert's assignments (moe_pack):
-    gate and up, SwiGLU, down, then each assignment's row back in token order and the weighted sum."""
+    """The routed experts as grouped GEMMs over blocks of one expert's assignments (moe_pack) by the
+    built-in mx.gather_mm / gather_qmm: gate and up, SwiGLU, down, then the weighted sum."""
     from .cpu import nn_silu
 
     T, H = x.shape
@@ -452,8 +474,62 @@ def moe_grouped(x, inds, scores, gate, up, down, block=None):
     # (nblk * B,) rows -> their tokens (padding rows take token 0; their products are never read)
     xb = x[mx.maximum(src, 0) // k].reshape(nblk, B, H)
     a = nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)
-    y = _grouped_product(a, down, bexp).reshape(nblk * B, H)[dst].reshape(T, k, H)
-    return (scores.astype(mx.float32)[..., None] * y.astype(mx.float32)).sum(axis=1).astype(x.dtype)
+    return moe_unpack(_grouped_product(a, down, bexp).reshape(nblk * B, H), dst, scores, x.dtype)
+
+
+def _gemm_ok(x, gate, up, down):
+    """Whether the grouped GEMM kernels (moe_gemm) take these shapes and dtypes: activations in 16
+    bits, weights of the same dtype or MLX-quantized alike (4 / 8 bits, groups of 32 to 128 that
+    split both sizes), both sizes a multiple of the column tiles and of the K slice (32)."""
+    exs = (gate, up, down)
+    if x.dtype not in (mx.bfloat16, mx.float16) or len({(e.bits, e.group_size) for e in exs}) != 1:
+        return False
+    H, I = gate.in_dims, gate.out_dims
+    if gate.bits:
+        if gate.bits not in (4, 8) or gate.group_size not in (32, 64, 128) or H % gate.group_size or \
+                I % gate.group_size or any(e.scales.dtype != e.biases.dtype for e in exs):
+            return False
+    elif any(e.weight.dtype != x.dtype for e in exs):
+        return False
+    # gate/up: N = I, K = H; down: N = H, K = I
+    return I % MOE_GEMM_BN_GATE_UP == 0 and H % MOE_GEMM_BN_DOWN == 0 and H % 32 == 0 and I % 32 == 0
+
+
+def moe_gemm(x, inds, scores, gate, up, down):
+    """The routed experts by the grouped GEMM kernels on the matrix units (checked shapes: `_gemm_ok`):
+    assignments grouped into blocks of MOE_GEMM_BLOCK rows of one expert (moe_pack), gate/up with
+    SwiGLU in one kernel reading the token rows in place, down in another, then moe_unpack's weighted
+    sum. Quantized experts are dequantized as they are staged."""
+    from .cpu import nn_silu
+
+    T, H = x.shape
+    k = inds.shape[1]
+    E = gate.weight.shape[0]
+    I = gate.out_dims
+    B, BGU, BD = MOE_GEMM_BLOCK, MOE_GEMM_BN_GATE_UP, MOE_GEMM_BN_DOWN
+    src, dst, bexp = moe_pack(inds.reshape(-1), E, B)
+    nblk = bexp.shape[0]
+    bits = gate.bits
+    sfx = f"_q{bits}" if bits else ""
+    qt = [("S", gate.scales.dtype), ("GS", gate.group_size)] if bits else []
+    qkey = (bits, gate.group_size, gate.scales.dtype) if bits else ()
+
+    def act_fb():
+        xb = x[mx.maximum(src, 0) // k].reshape(nblk, B, H)
+        return (nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)).reshape(nblk * B, I)
+
+    nth = 32 * (B // 32) * (BGU // 32)
+    act = _run("moe_gemm_gate_up" + sfx, (x.dtype, B, BGU) + qkey, act_fb,
+               inputs=[x, src, bexp] + _experts_inputs(gate) + _experts_inputs(up) + [_i32(H, I, k, nblk)],
+               template=[("T", x.dtype), ("B", B), ("BN", BGU)] + qt, grid=(nblk * nth, I // BGU, 1),
+               threadgroup=(nth, 1, 1), output_shapes=[(nblk * B, I)], output_dtypes=[x.dtype])[0]
+    nth = 32 * (B // 32) * (BD // 32)
+    y = _run("moe_gemm_down" + sfx, (x.dtype, B, BD) + qkey,
+             lambda: _grouped_product(act.reshape(nblk, B, I), down, bexp).reshape(nblk * B, H),
+             inputs=[act, src, bexp] + _experts_inputs(down) + [_i32(I, H, k, nblk)],
+             template=[("T", x.dtype), ("B", B), ("BN", BD)] + qt, grid=(nblk * nth, H // BD, 1),
+             threadgroup=(nth, 1, 1), output_shapes=[(nblk * B, H)], output_dtypes=[x.dtype])[0]
+    return moe_unpack(y, dst, scores, x.dtype)
 
 
 def moe_experts(x, inds, scores, gate, up, down):
@@ -464,4 +540,6 @@ def moe_experts(x, inds, scores, gate, up, down):
         from . import cpu
 
         return cpu.moe_experts(x, inds, scores, gate, up, down)
+    if MOE_GROUPED == "gemm" and _gemm_ok(x, gate, up, down):
+        return moe_gemm(x, inds, scores, gate, up, down)
     return moe_grouped(x, inds, scores, gate, up, down)

@@ -151,6 +151,30 @@ SPECS = {
         _spec("moe_down_q8", "moe_down", ["act", "inds", "scores", "wd", "sd", "bd", "params"], ["y"],
               ["T", "NW", "S", "GS"], [("MG_QBITS", 8)], ("qdot.h",),
               dtypes=[bf16, i32, bf16, u32, bf16, bf16, i32], out=[bf16], tmpl=[bf16, 4, bf16, 64]),
+        # the grouped expert GEMM on the matrix units (prefill-shaped routings, 16-bit weights)
+        _spec("moe_gemm_gate_up", "moe_gemm", ["x", "src", "bexp", "wt", "wu", "params"], ["out"], ["T", "B", "BN"],
+              [("MG_GATE_UP", 1), ("MG_QBITS", 0)], dtypes=[bf16, i32, i32, bf16, bf16, i32], out=[bf16],
+              tmpl=[bf16, 64, 128]),
+        _spec("moe_gemm_down", "moe_gemm", ["x", "src", "bexp", "wt", "params"], ["out"], ["T", "B", "BN"],
+              [("MG_GATE_UP", 0), ("MG_QBITS", 0)], dtypes=[mx.float16, i32, i32, mx.float16, i32],
+              out=[mx.float16], tmpl=[mx.float16, 64, 64]),
+        _spec("moe_gemm_gate_up_q4", "moe_gemm", ["x", "src", "bexp", "wt", "wt_s", "wt_b", "wu", "wu_s", "wu_b",
+                                                  "params"], ["out"], ["T", "B", "BN", "S", "GS"],
+              [("MG_GATE_UP", 1), ("MG_QBITS", 4)], dtypes=[bf16, i32, i32, u32, bf16, bf16, u32, bf16, bf16, i32],
+              out=[bf16], tmpl=[bf16, 64, 128, bf16, 64]),
+        _spec("moe_gemm_gate_up_q8", "moe_gemm", ["x", "src", "bexp", "wt", "wt_s", "wt_b", "wu", "wu_s", "wu_b",
+                                                  "params"], ["out"], ["T", "B", "BN", "S", "GS"],
+              [("MG_GATE_UP", 1), ("MG_QBITS", 8)], dtypes=[bf16, i32, i32, u32, bf16, bf16, u32, bf16, bf16, i32],
+              out=[bf16], tmpl=[bf16, 64, 64, bf16, 32]),
+        _spec("moe_gemm_down_q4", "moe_gemm", ["x", "src", "bexp", "wt", "wt_s", "wt_b", "params"], ["out"],
+              ["T", "B", "BN", "S", "GS"], [("MG_GATE_UP", 0), ("MG_QBITS", 4)],
+              dtypes=[mx.float16, i32, i32, u32, mx.float16, mx.float16, i32], out=[mx.float16],
+              tmpl=[mx.float16, 64, 128, mx.float16, 128]),
+        _spec("moe_gemm_down_q8", "moe_gemm", ["x", "src", "bexp", "wt", "wt_s", "wt_b", "params"], ["out"],
+              ["T", "B", "BN", "S", "GS"], [("MG_GATE_UP", 0), ("MG_QBITS", 8)],
+              dtypes=[bf16, i32, i32, u32, bf16, bf16, i32], out=[bf16], tmpl=[bf16, 64, 128, bf16, 64]),
+        _spec("moe_unpack", "moe_unpack", ["y", "dst", "scores", "params"], ["out"], ["T"],
+              dtypes=[bf16, i32, bf16, i32], out=[bf16], tmpl=[bf16]),
         _spec("moe_pack", "moe_pack", ["inds", "params"], ["src", "dst", "bexp"], ["B"],
               dtypes=[i32, i32], out=[i32, i32, i32], tmpl=[64]),
         _spec("sample", "sample", ["logits", "fparams", "iparams", "state"], ["tok", "lp", "next_state"], ["T"],
@@ -200,7 +224,8 @@ CUDA_ONLY_SPECS = {
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
-           "moe_down_q8", "moe_pack", "decode_layer", "decode_layer_v2", "decode_layer_moe")
+           "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",
+           "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "decode_layer", "decode_layer_v2", "decode_layer_moe")
 
 
 def header(spec: KernelSpec, backend: str) -> str:

@@ -20,6 +20,8 @@ struct uint3 {
 };
 struct uint4 {
   uint x, y, z, w;
+  uint4() = default;
+  uint4(uint, uint, uint, uint);
 };
 struct half {
   half() = default;
@@ -62,6 +64,13 @@ float simd_prefix_inclusive_sum(float);
 uint simd_prefix_inclusive_sum(uint);
 float max(float, float);
 float min(float, float);
+struct simdgroup_float8x8 {
+  simdgroup_float8x8() = default;
+  explicit simdgroup_float8x8(float);
+  float* thread_elements();
+};
+void simdgroup_multiply_accumulate(simdgroup_float8x8&, const simdgroup_float8x8&, const simdgroup_float8x8&,
+                                   const simdgroup_float8x8&);
 namespace precise {
 float exp(float);
 float log(float);

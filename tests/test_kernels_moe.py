@@ -203,3 +203,53 @@ def test_gpu_grouped(bits):
     x = rnd((T, H), dt)
     scores, inds = ref.moe_route(rnd((T, E), dt, 3.0), k, False)
     assert rel(gpu.moe_grouped(x, inds, scores, g, u, d), ref.moe_experts(x, inds, scores, g, u, d)) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("T,E,k,H,I,bgu,bd", [(300, 32, 4, 256, 128, 128, 128), (300, 32, 4, 256, 128, 64, 64),
+                                              (40, 128, 8, 512, 192, 64, 128), (1030, 60, 4, 128, 64, 64, 64)])
+def test_gpu_grouped_gemm(monkeypatch, dtype, T, E, k, H, I, bgu, bd):
+    # experts with many rows (several blocks), few (padding) and none (E 128 for 40 tokens)
+    monkeypatch.setattr(gpu, "MOE_GEMM_BN_GATE_UP", bgu)
+    monkeypatch.setattr(gpu, "MOE_GEMM_BN_DOWN", bd)
+    g, u, d = experts(E, I, H, dtype), experts(E, I, H, dtype), experts(E, H, I, dtype)
+    x = rnd((T, H), dtype)
+    scores, inds = ref.moe_route(rnd((T, E), dtype, 3.0), k, True)
+    assert gpu._gemm_ok(x, g, u, d)
+    got = gpu.moe_gemm(x, inds, scores, g, u, d)
+    assert rel(got, ref.moe_experts(x, inds, scores, g, u, d)) < 2e-2
+    st = gpu.status()
+    assert st.get(("moe_gemm_gate_up", (dtype, 64, bgu))) is True
+    assert st.get(("moe_gemm_down", (dtype, 64, bd))) is True
+    assert st.get(("moe_unpack", (dtype,))) is True
+
+
+@pytest.mark.gpu
+def test_gpu_unpack():
+    T, k, H, rows = 37, 3, 72, 200
+    y = rnd((rows, H), mx.bfloat16)
+    dst = mx.array(RNG.permutation(rows)[:T * k], mx.int32)
+    scores = rnd((T, k), mx.bfloat16).abs()
+    want = (scores.astype(mx.float32)[..., None] * y[dst].reshape(T, k, H).astype(mx.float32)).sum(1)
+    assert rel(gpu.moe_unpack(y, dst, scores, mx.bfloat16), want) < 1e-2
+    assert gpu.status().get(("moe_unpack", (mx.bfloat16,))) is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs", [(4, 64), (8, 32), (4, 128)])
+@pytest.mark.parametrize("bgu,bd", [(128, 128), (64, 64)])
+def test_gpu_grouped_gemm_quantized(monkeypatch, bits, gs, bgu, bd):
+    monkeypatch.setattr(gpu, "MOE_GEMM_BN_GATE_UP", bgu)
+    monkeypatch.setattr(gpu, "MOE_GEMM_BN_DOWN", bd)
+    T, E, k, H, I = 300, 32, 4, 256, 128
+    dt = mx.bfloat16
+    g, u, d = experts(E, I, H, dt, bits, gs), experts(E, I, H, dt, bits, gs), experts(E, H, I, dt, bits, gs)
+    x = rnd((T, H), dt)
+    scores, inds = ref.moe_route(rnd((T, E), dt, 3.0), k, True)
+    assert gpu._gemm_ok(x, g, u, d)
+    got = gpu.moe_gemm(x, inds, scores, g, u, d)
+    assert rel(got, ref.moe_experts(x, inds, scores, g, u, d)) < 2e-2
+    key = (dt, 64, bgu, bits, gs, dt)
+    assert gpu.status().get((f"moe_gemm_gate_up_q{bits}", key)) is True
+    assert gpu.status().get((f"moe_gemm_down_q{bits}", (dt, 64, bd, bits, gs, dt))) is True

@@ -84,6 +84,54 @@ MG_FN mg_f2 mg_unpack2<__half>(uint32_t u) {
   return __half22float2(h);
 }
 
+// --- matrix units (the grouped expert GEMM, moe_gemm) -------------------------------------------
+// One warp's product of a MG_MMA_M x MG_MMA_K slice of A and a MG_MMA_N x MG_MMA_K slice of B (both
+// k-contiguous in shared memory, rows `ld` elements apart) into a float MG_MMA_M x MG_MMA_N accumulator:
+// mma.sync m16n8k16 (sm_80 and later). Fragment layout (PTX ISA, m16n8k16 floating point): with
+// g = lane / 4 and q = lane % 4, A's registers hold (g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..),
+// (g+8, 2q+8..); B's (k = 2q..2q+1, n = g) and (k = 2q+8.., n = g); C's (g, 2q..2q+1) and (g+8, 2q..).
+#define MG_MMA_M 16u
+#define MG_MMA_N 8u
+#define MG_MMA_K 16u
+struct mg_mma_acc {
+  float c[4];
+};
+MG_FN void mg_mma_zero(mg_mma_acc& acc) { acc.c[0] = acc.c[1] = acc.c[2] = acc.c[3] = 0.0f; }
+MG_FN uint4 mg_u4_zero() { return make_uint4(0u, 0u, 0u, 0u); }
+template <typename T>
+MG_FN void mg_mma_issue(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1);
+template <>
+MG_FN void mg_mma_issue<__nv_bfloat16>(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+MG_FN void mg_mma_issue<__half>(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <typename T>
+MG_FN void mg_mma(mg_mma_acc& acc, const T* a, uint32_t lda, const T* b, uint32_t ldb, uint32_t lane) {
+  const uint32_t g = lane >> 2;
+  const uint32_t q2 = (lane & 3u) * 2u;
+  const uint32_t* ar0 = (const uint32_t*)(a + g * lda + q2);
+  const uint32_t* ar8 = (const uint32_t*)(a + (g + 8u) * lda + q2);
+  const uint32_t* br = (const uint32_t*)(b + g * ldb + q2);
+  mg_mma_issue<T>(acc, ar0[0], ar8[0], ar0[4], ar8[4], br[0], br[4]);
+}
+// the accumulator's elements held by this lane: MG_MMA_ELEMS of them, element i at (row, column)
+// (mg_mma_row(i, lane), mg_mma_col(i, lane)) of the fragment
+#define MG_MMA_ELEMS 4u
+MG_FN float mg_mma_get(const mg_mma_acc& acc, uint32_t i) { return acc.c[i]; }
+MG_FN uint32_t mg_mma_row(uint32_t i, uint32_t lane) { return (lane >> 2) + (i >> 1) * 8u; }
+MG_FN uint32_t mg_mma_col(uint32_t i, uint32_t lane) { return (lane & 3u) * 2u + (i & 1u); }
+
 // --- decode kernels (decode_layer / decode_megakernel) -------------------------------------------
 // Global pointers in helper signatures, loads that bypass L1 (data written by other blocks of the
 // same launch), read-only streaming loads, writes through an input buffer that the kernel updates

@@ -68,6 +68,43 @@ MG_FN mg_f2 mg_unpack2<half>(uint32_t u) {
   return mg_f2(as_type<half2>(u));
 }
 
+// --- matrix units (the grouped expert GEMM, moe_gemm) -------------------------------------------
+// Same names as the other GPU prelude: one SIMD-group's product of an 8 x 8 slice of A and an 8 x 8
+// slice of B (both k-contiguous in threadgroup memory, rows `ld` elements apart) into a float 8 x 8
+// simdgroup matrix. Each lane holds two elements of a simdgroup matrix, (fm, fn) and (fm, fn + 1)
+// (the layout MLX's steel GEMM relies on); the 16-bit inputs are widened as they are loaded.
+#define MG_MMA_M 8u
+#define MG_MMA_N 8u
+#define MG_MMA_K 8u
+struct mg_mma_acc {
+  metal::simdgroup_float8x8 m;
+};
+MG_FN void mg_mma_zero(thread mg_mma_acc& acc) { acc.m = metal::simdgroup_float8x8(0.0f); }
+MG_FN uint4 mg_u4_zero() { return uint4(0u, 0u, 0u, 0u); }
+// the accumulator's elements held by this lane: MG_MMA_ELEMS of them, element i at (row, column)
+// (mg_mma_row(i, lane), mg_mma_col(i, lane)) of the fragment
+#define MG_MMA_ELEMS 2u
+MG_FN float mg_mma_get(thread mg_mma_acc& acc, uint32_t i) { return acc.m.thread_elements()[i]; }
+MG_FN uint32_t mg_mma_row(uint32_t i, uint32_t lane) {
+  (void)i;
+  return ((lane / 4u) & 4u) + ((lane / 2u) % 4u);
+}
+MG_FN uint32_t mg_mma_col(uint32_t i, uint32_t lane) { return ((lane / 4u) & 2u) * 2u + (lane % 2u) * 2u + i; }
+template <typename T>
+MG_FN void mg_mma(thread mg_mma_acc& acc, const threadgroup T* a, uint32_t lda, const threadgroup T* b,
+                  uint32_t ldb, uint32_t lane) {
+  const uint32_t fm = mg_mma_row(0u, lane);
+  const uint32_t fn = mg_mma_col(0u, lane);
+  metal::simdgroup_float8x8 fa;
+  metal::simdgroup_float8x8 fb;
+  fa.thread_elements()[0] = float(a[fm * lda + fn]);
+  fa.thread_elements()[1] = float(a[fm * lda + fn + 1u]);
+  // B as stored is (n, k); the product wants (k, n): element (k = fm, n = fn) is b[fn * ldb + fm]
+  fb.thread_elements()[0] = float(b[fn * ldb + fm]);
+  fb.thread_elements()[1] = float(b[(fn + 1u) * ldb + fm]);
+  metal::simdgroup_multiply_accumulate(acc.m, fa, fb, acc.m);
+}
+
 // --- decode kernels (decode_layer) -----------------------------------------------------------------
 // Same names as the other GPU prelude. This backend promises no co-residency of groups, so there is
 // no grid barrier here: its decode path launches decode_layer once per phase (docs/decode.md).
