@@ -348,10 +348,10 @@ def sample(logits, temperature, top_k, top_p, min_p, state):
 # Mixture of experts (docs/kernels.md)
 
 # Routings of at most this many tokens run the gathered expert GEMV kernels (moe_gate_up, moe_down),
-# which read only the chosen experts' rows once per (token, expert); longer ones the grouped GEMM:
-# assignments grouped by expert into blocks of MOE_BLOCK rows (moe_pack) and one mx.gather_mm /
-# gather_qmm per projection over the blocks.
+# which read only the chosen experts' rows once per (token, expert); longer ones a grouped GEMM over
+# the assignments grouped by expert into blocks of one expert's rows (moe_pack).
 MOE_GEMV_MAX_TOKENS = 4
+# the built-in formulation's block (moe_grouped: one mx.gather_mm / gather_qmm per projection)
 MOE_BLOCK = 64
 # 16-bit experts take the grouped GEMM kernels (moe_gemm: blocks of MOE_GEMM_BLOCK rows, MOE_GEMM_BN_*
 # columns of each weight a group), quantized ones too (dequantized as staged).
