@@ -98,24 +98,21 @@ struct mg_mma_acc {
 };
 MG_FN void mg_mma_zero(mg_mma_acc& acc) { acc.c[0] = acc.c[1] = acc.c[2] = acc.c[3] = 0.0f; }
 MG_FN uint4 mg_u4_zero() { return make_uint4(0u, 0u, 0u, 0u); }
+// the instruction for one input type (PTX's name for it: bf16, f16), as a specialization of mg_mma_issue
 template <typename T>
 MG_FN void mg_mma_issue(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1);
-template <>
-MG_FN void mg_mma_issue<__nv_bfloat16>(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <>
-MG_FN void mg_mma_issue<__half>(mg_mma_acc& acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#define MG_MMA_ISSUE(CTYPE, PTYPE)                                                                           \
+  template <>                                                                                               \
+  MG_FN void mg_mma_issue<CTYPE>(mg_mma_acc & acc, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,      \
+                                 uint32_t b0, uint32_t b1) {                                                \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTYPE "." PTYPE ".f32 {%0, %1, %2, %3}, "         \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                            \
+                 : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])                           \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                                   \
+  }
+MG_MMA_ISSUE(__nv_bfloat16, "bf16")
+MG_MMA_ISSUE(__half, "f16")
+#undef MG_MMA_ISSUE
 template <typename T>
 MG_FN void mg_mma(mg_mma_acc& acc, const T* a, uint32_t lda, const T* b, uint32_t ldb, uint32_t lane) {
   const uint32_t g = lane >> 2;
