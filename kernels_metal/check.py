@@ -304,10 +304,7 @@ def c_moe_experts(T, H, I, E, k, bits, gs=64, block=None, ref_check=True):
         name = f"moe_blocks{block}"
     else:
         f = lambda: gpu.moe_experts(x, inds, scores, g, u, d)  # noqa: E731
-        if T <= gpu.MOE_GEMV_MAX_TOKENS:
-            name = "moe_gemv"
-        else:
-            name = "moe_gemm" if gpu.MOE_GROUPED == "gemm" and gpu._gemm_ok(x, g, u, d) else "moe_blocks"
+        name = "moe_" + gpu.experts_path(x, g, u, d)
     y = f()
     # the reference on the first 16 tokens (all of them when few): its float32 gathered weights take
     # T x k expert matrices

@@ -463,18 +463,23 @@ def moe_unpack(y, dst, scores, dtype):
 def moe_grouped(x, inds, scores, gate, up, down, block=None):
     """The routed experts as grouped GEMMs over blocks of one expert's assignments (moe_pack) by the
     built-in mx.gather_mm / gather_qmm: gate and up, SwiGLU, down, then the weighted sum."""
-    from .cpu import nn_silu
-
     T, H = x.shape
     k = inds.shape[1]
     E = gate.weight.shape[0]
     B = block or MOE_BLOCK
     src, dst, bexp = moe_pack(inds.reshape(-1), E, B)
     nblk = bexp.shape[0]
-    # (nblk * B,) rows -> their tokens (padding rows take token 0; their products are never read)
-    xb = x[mx.maximum(src, 0) // k].reshape(nblk, B, H)
-    a = nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)
+    a = _blocks_act(x, src, bexp, k, B, gate, up)
     return moe_unpack(_grouped_product(a, down, bexp).reshape(nblk * B, H), dst, scores, x.dtype)
+
+
+def _blocks_act(x, src, bexp, k, B, gate, up):
+    """SwiGLU of gate and up over moe_pack's blocks by the built-in: (nblk, B, I)."""
+    from .cpu import nn_silu
+
+    # (nblk * B,) rows -> their tokens (padding rows take token 0; their products are never read)
+    xb = x[mx.maximum(src, 0) // k].reshape(bexp.shape[0], B, x.shape[-1])
+    return nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)
 
 
 def _gemm_ok(x, gate, up, down):
@@ -500,8 +505,6 @@ def moe_gemm(x, inds, scores, gate, up, down):
     assignments grouped into blocks of MOE_GEMM_BLOCK rows of one expert (moe_pack), gate/up with
     SwiGLU in one kernel reading the token rows in place, down in another, then moe_unpack's weighted
     sum. Quantized experts are dequantized as they are staged."""
-    from .cpu import nn_silu
-
     T, H = x.shape
     k = inds.shape[1]
     E = gate.weight.shape[0]
@@ -514,12 +517,9 @@ def moe_gemm(x, inds, scores, gate, up, down):
     qt = [("S", gate.scales.dtype), ("GS", gate.group_size)] if bits else []
     qkey = (bits, gate.group_size, gate.scales.dtype) if bits else ()
 
-    def act_fb():
-        xb = x[mx.maximum(src, 0) // k].reshape(nblk, B, H)
-        return (nn_silu(_grouped_product(xb, gate, bexp)) * _grouped_product(xb, up, bexp)).reshape(nblk * B, I)
-
     nth = 32 * (B // 32) * (BGU // 32)
-    act = _run("moe_gemm_gate_up" + sfx, (x.dtype, B, BGU) + qkey, act_fb,
+    act = _run("moe_gemm_gate_up" + sfx, (x.dtype, B, BGU) + qkey,
+               lambda: _blocks_act(x, src, bexp, k, B, gate, up).reshape(nblk * B, I),
                inputs=[x, src, bexp] + _experts_inputs(gate) + _experts_inputs(up) + [_i32(H, I, k, nblk)],
                template=[("T", x.dtype), ("B", B), ("BN", BGU)] + qt, grid=(nblk * nth, I // BGU, 1),
                threadgroup=(nth, 1, 1), output_shapes=[(nblk * B, I)], output_dtypes=[x.dtype])[0]
@@ -532,14 +532,25 @@ def moe_gemm(x, inds, scores, gate, up, down):
     return moe_unpack(y, dst, scores, x.dtype)
 
 
-def moe_experts(x, inds, scores, gate, up, down):
-    T = x.shape[0]
-    if T <= MOE_GEMV_MAX_TOKENS and _gemv_ok(x, gate, up, down):
-        return moe_gemv(x, inds, scores, gate, up, down)
+def experts_path(x, gate, up, down) -> str:
+    """Which formulation moe_experts takes for x (T, H): "gemv", "sorted", "gemm" or "blocks"."""
+    if x.shape[0] <= MOE_GEMV_MAX_TOKENS and _gemv_ok(x, gate, up, down):
+        return "gemv"
     if MOE_GROUPED == "sorted":
+        return "sorted"
+    if MOE_GROUPED == "gemm" and _gemm_ok(x, gate, up, down):
+        return "gemm"
+    return "blocks"
+
+
+def moe_experts(x, inds, scores, gate, up, down):
+    path = experts_path(x, gate, up, down)
+    if path == "gemv":
+        return moe_gemv(x, inds, scores, gate, up, down)
+    if path == "sorted":
         from . import cpu
 
         return cpu.moe_experts(x, inds, scores, gate, up, down)
-    if MOE_GROUPED == "gemm" and _gemm_ok(x, gate, up, down):
+    if path == "gemm":
         return moe_gemm(x, inds, scores, gate, up, down)
     return moe_grouped(x, inds, scores, gate, up, down)
