@@ -273,9 +273,57 @@ def test_megakernel_equals_fused_bitwise():
     assert worst == 0.0
 
 
+NEAR_TIE = 0.03  # router gap (k-th minus (k+1)-th score) in standard deviations of the scores
+
+
+@pytest.fixture()
+def router_gaps(monkeypatch):
+    """The smallest top-k gap of every single-token routing made during the decode steps of a
+    decode.check run (the plain path's, its float32 twin's, a reference fast path's), in call order.
+    Where a token's k-th and (k+1)-th router scores nearly tie, a path that rounds in other places
+    than plain can choose the other expert, and that step's logits differ by a few percent. Measured
+    on the CPU, 100-token prompt, 64 steps: the steps where the H200's fast paths were off had gaps
+    of 0 (tiny-qwen3-moe, bf16) and 0.018, 0, 0.011, 0.023 (tiny-qwen3-moe-4bit); 5 and 12 of the 64
+    steps have gaps under 0.03."""
+    import kernels_metal
+    import numpy as np
+
+    from metalgen.decode import check
+
+    gaps, route, make_step = [], kernels_metal.moe_route, check.make_step
+
+    def spy(logits, top_k, norm_topk_prob):
+        scores = np.sort(np.array(logits.astype(mx.float32)).reshape(-1, logits.shape[-1]), -1)
+        if scores.shape[0] == 1:  # decode steps, not the prompt
+            gaps.append(float((scores[0, -top_k] - scores[0, -top_k - 1]) / scores[0].std()))
+        return route(logits, top_k, norm_topk_prob)
+
+    def steps_from_here(*args, **kwargs):
+        step = make_step(*args, **kwargs)
+        gaps.clear()  # the path's self-check at load routes tokens too
+        return step
+
+    monkeypatch.setattr(kernels_metal, "moe_route", spy)
+    monkeypatch.setattr(check, "make_step", steps_from_here)
+    return gaps
+
+
+def assert_close_except_near_ties(ok, gaps):
+    """Every step `ok` but those whose routing (in any sparse layer, on any of the paths that ran)
+    nearly tied; those must stay a minority, so that a wrong kernel cannot hide among them."""
+    assert gaps and len(gaps) % len(ok) == 0, f"{len(gaps)} routings over {len(ok)} steps"
+    per_step = len(gaps) // len(ok)
+    tied = [min(gaps[i * per_step:(i + 1) * per_step]) < NEAR_TIE for i in range(len(ok))]
+    off = [i for i, (good, tie) in enumerate(zip(ok, tied)) if not good and not tie]
+    gaps_off = [round(min(gaps[i * per_step:(i + 1) * per_step]), 4) for i in off]
+    assert not off and sum(tied) <= len(ok) // 4, \
+        f"steps off: {off} (router gaps {gaps_off}); near ties at {sum(tied)} of {len(ok)} steps"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["tiny-qwen3-4bit", "tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit"])
-def test_gpu_quantized_megakernel_matches_plain(shape):
+# tiny-qwen3-moe-4bit: dense layer 1 and two sparse layers, hidden 128 (two groups a row)
+@pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit"])
+def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
     # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
     import kernels_metal
 
@@ -283,16 +331,19 @@ def test_gpu_quantized_megakernel_matches_plain(shape):
         pytest.skip("CUDA only")
     model = load(f"dummy:{shape}")[0]
     errs = step_errors(model, "megakernel", prompt_tokens=100, steps=64)
-    print(f"{shape} megakernel (quantized): vs plain {max(errs):.4f}")
-    assert max(errs) < 2e-2
+    print(f"{shape} megakernel (quantized): vs plain {' '.join(f'{e:.3f}' for e in errs)}")
+    if model.spec.moe is None:
+        assert max(errs) < 2e-2
+    else:
+        assert_close_except_near_ties([e < 2e-2 for e in errs], router_gaps)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
 @pytest.mark.parametrize("mode", ["fused", "megakernel"])
-def test_gpu_moe_paths_match_plain(shape, mode):
-    # sparse layers (and tiny-qwen3-moe's dense layer 1) on the fast paths, bf16; routing ties aside,
-    # the fast path rounds where plain does
+def test_gpu_moe_paths_match_plain(shape, mode, router_gaps):
+    # sparse layers (and tiny-qwen3-moe's dense layer 1) on the fast paths, bf16: each step within 2e-2
+    # of plain, or no further from float32 than plain bf16 is
     import kernels_metal
 
     if mode == "megakernel" and kernels_metal.backend() != "cuda":
@@ -300,7 +351,22 @@ def test_gpu_moe_paths_match_plain(shape, mode):
     model = load(f"dummy:{shape}")[0]
     vs_plain, fast32, plain32 = step_errors_vs_float32(model, mode, prompt_tokens=100, steps=64)
     print(f"{shape} {mode}: vs plain {max(vs_plain):.4f}; vs float32 {max(fast32):.4f} (plain bf16 {max(plain32):.4f})")
-    assert max(vs_plain) < 2e-2 or max(fast32) <= 1.25 * max(plain32)
+    ok = [v < 2e-2 or f <= 1.25 * p for v, f, p in zip(vs_plain, fast32, plain32)]
+    assert_close_except_near_ties(ok, router_gaps)
+
+
+def test_near_ties_are_excused_and_nothing_else(router_gaps):
+    # the rule itself, on the CPU's reference path with a planted wrong step
+    model = load("dummy:tiny-qwen3-moe")[0]
+    errs = step_errors(model, "reference", prompt_tokens=20, steps=24)
+    assert len(router_gaps) % 24 == 0 and len(router_gaps) > 0
+    ok = [e < 2e-2 for e in errs]
+    assert_close_except_near_ties(ok, router_gaps)
+    per_step = len(router_gaps) // 24
+    clear = next(i for i in range(24) if min(router_gaps[i * per_step:(i + 1) * per_step]) >= NEAR_TIE)
+    ok[clear] = False
+    with pytest.raises(AssertionError, match=f"steps off: \\[{clear}\\] "):
+        assert_close_except_near_ties(ok, router_gaps)
 
 
 @pytest.mark.gpu

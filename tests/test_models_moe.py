@@ -103,7 +103,8 @@ def test_router_scores_match_transformers(pair):
     blk = ours.model.layers[sparse].mlp
     w, i = moe_route(blk.gate(mx.array(x)), blk.top_k, blk.norm_topk_prob)
     assert np.array_equal(np.sort(np.array(i), -1), np.sort(want_i.numpy(), -1))
-    assert np.abs(np.sort(np.array(w), -1) - np.sort(want_w.numpy(), -1)).max() < 1e-6
+    # the router's float32 matmul: exact to 1e-6 on the CPU, TF32 on CUDA
+    assert np.abs(np.sort(np.array(w), -1) - np.sort(want_w.numpy(), -1)).max() < (1e-6 if TOL < 1e-3 else TOL)
 
 
 def test_experts_are_stacked_across_layers_as_views(pair):
@@ -175,8 +176,13 @@ def test_mlx_layout_loads(tmp_path, quantize):
     src.update(random_weights(src, seed=5, dtype=mx.float32))
     _save_mlx_layout(src, TINY, tmp_path, quantize)
     model, _ = metalgen.load(str(tmp_path))
+    for (name, a), (_, b) in zip(sorted(tree_flatten(model.parameters())), sorted(tree_flatten(src.parameters()))):
+        assert np.array_equal(np.array(a), np.array(b)), name
     ids = mx.array([[1, 2, 3, 4, 5, 6, 7, 8]])
-    assert np.array_equal(np.array(model(ids)), np.array(src(ids)))
+    # the same bits through the same ops on the CPU; on a GPU the loaded model's experts, stacked
+    # across layers, may take another kernel than the in-memory model's per-layer ones
+    got, want = np.array(model(ids)), np.array(src(ids))
+    assert np.array_equal(got, want) if TOL < 1e-3 else rel_err(got, want) < TOL
     blk = model.model.layers[0].mlp
     if quantize:
         assert isinstance(blk.switch_mlp.gate_proj, QuantizedSwitchLinear)
@@ -186,7 +192,7 @@ def test_mlx_layout_loads(tmp_path, quantize):
 
 
 def test_mlx_layout_matches_mlx_lm(tmp_path):
-    # the same folder through mlx-lm's own loader: the same logits (both float32 on the CPU)
+    # the same folder through mlx-lm's own loader: the same logits (both float32; TF32 on CUDA)
     mlx_lm = pytest.importorskip("mlx_lm")
     from metalgen.dummy import random_weights
 
@@ -196,7 +202,7 @@ def test_mlx_layout_matches_mlx_lm(tmp_path):
     ours, _ = metalgen.load(str(tmp_path))
     theirs, _ = mlx_lm.load(str(tmp_path))
     ids = mx.array([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
-    assert rel_err(np.array(ours(ids)), np.array(theirs(ids))) < 1e-4
+    assert rel_err(np.array(ours(ids)), np.array(theirs(ids))) < TOL
 
 
 # --- dummy shapes ------------------------------------------------------------------------------------
