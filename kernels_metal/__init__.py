@@ -18,6 +18,7 @@ from .reference import Experts, RopeTable, rope_table, make_sample_state
 __all__ = [
     "backend",
     "set_verbose",
+    "gated_delta",
     "rms_norm",
     "add_rms_norm",
     "rope_table",
@@ -159,3 +160,16 @@ def moe_experts(x, inds, scores, gate, up, down):
     (stacked (E, out, in), dense or MLX-quantized) -> (T, H) = sum_j scores[:, j] * expert(x) for
     the experts inds[:, j]; only the chosen experts' weights are read."""
     return _impl_for("moe_experts").moe_experts(x, inds, scores, gate, up, down)
+
+
+def gated_delta(q, k, v, g, beta, state=None):
+    """The gated delta rule of Gated DeltaNet layers (Qwen3-Next, Qwen3.5): q, k (B, L, Hk, Dk) raw
+    (L2-normalised here), v (B, L, Hv, Dv), g (log decay) and beta (B, L, Hv) float32, state
+    (B, Hv, Dk, Dv) float32 or None -> (out (B, L, Hv, Dv) in v's dtype, new state float32). One
+    token steps the recurrence; a prompt takes the chunked form, equal to it (reference.py). Both are
+    MLX ops on every backend for now: the fused decode kernel is still to come (docs/kernels.md)."""
+    from . import reference
+
+    if q.shape[1] == 1:
+        return reference.gated_delta_recurrent(q, k, v, g, beta, state)
+    return reference.gated_delta_chunked(q, k, v, g, beta, state)

@@ -416,3 +416,99 @@ def moe_pack(inds: mx.array, num_experts: int, block: int):
     inside = (b[:, None] >= bstart[None, :]) & (b[:, None] < (bstart + nb)[None, :])  # (nblk, E)
     bexp = mx.sum(inside.astype(mx.int32) * mx.arange(E)[None, :], axis=1).astype(mx.int32)
     return src, dst.astype(mx.int32), bexp
+
+
+# --------------------------------------------------------------------------- gated delta rule
+
+
+def _gated_delta_inputs(q, k, v, g, beta):
+    """q, k L2-normalised over Dk (eps 1e-6 inside the root, as the reference library), q scaled
+    by Dk^-1/2, key heads repeated for the value heads they serve (value head j reads key head
+    j // (Hv / Hk)); all float32 and moved to (B, H, L, D), the gates to (B, H, L)."""
+    Dk, Hk, Hv = q.shape[-1], q.shape[2], v.shape[2]
+
+    def l2(x):
+        x = x.astype(mx.float32)
+        return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+    q, k = l2(q) * (Dk**-0.5), l2(k)
+    if Hv != Hk:
+        q, k = mx.repeat(q, Hv // Hk, axis=2), mx.repeat(k, Hv // Hk, axis=2)
+    # (B, L, H, D) -> (B, H, L, D); (B, L, H) -> (B, H, L)
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v.astype(mx.float32)))
+    return q, k, v, g.astype(mx.float32).transpose(0, 2, 1), beta.astype(mx.float32).transpose(0, 2, 1)
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state=None):
+    """The gated delta rule token by token (the oracle the chunked form and the kernels are checked
+    against). q, k (B, L, Hk, Dk) raw; v (B, L, Hv, Dv); g (log decay <= 0), beta (B, L, Hv) float32;
+    state (B, Hv, Dk, Dv) float32 or None. Per token, per value head, in float32:
+    S = S exp(g); S += k (beta (v - k.S)); out = q.S. Returns (out (B, L, Hv, Dv) in v's dtype, S)."""
+    B, L, Hv, Dv = v.shape
+    out_dtype = v.dtype
+    q, k, v, g, beta = _gated_delta_inputs(q, k, v, g, beta)
+    S = mx.zeros((B, Hv, q.shape[-1], Dv), mx.float32) if state is None else state.astype(mx.float32)
+    outs = []
+    for t in range(L):
+        kt = k[:, :, t, :, None]  # (B, H, Dk, 1)
+        S = S * mx.exp(g[:, :, t])[..., None, None]
+        delta = (v[:, :, t] - (S * kt).sum(-2)) * beta[:, :, t, None]  # (B, H, Dv)
+        S = S + kt * delta[:, :, None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+    return mx.stack(outs, axis=2).transpose(0, 2, 1, 3).astype(out_dtype), S
+
+
+GATED_DELTA_CHUNK = 64
+
+
+def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_CHUNK):
+    """The gated delta rule in chunks of `chunk` tokens, equal to gated_delta_recurrent up to float32
+    rounding. Within a chunk the delta-rule writes are one triangular system: with decays
+    d(i, j) = exp(G_i - G_j) (G the running sum of g in the chunk, j <= i, so every factor is <= 1),
+    A(i, j) = beta_i (k_i . k_j) d(i, j) below the diagonal, and T = (I + A)^-1, the chunk's corrected
+    values are U - W S (U = T (beta v), W = T (beta k exp(G))), its outputs (q exp(G)) S plus the
+    causal (q_i . k_j) d(i, j) mix of those values, and the state S exp(G_last) + sum_j k_j
+    exp(G_last - G_j) (corrected v_j). T is applied by forward substitution, one row at a time across
+    every chunk and head at once: MLX's triangular solvers run on the CPU stream only."""
+    B, L, Hv, Dv = v.shape
+    out_dtype = v.dtype
+    q, k, v, g, beta = _gated_delta_inputs(q, k, v, g, beta)
+    Dk = q.shape[-1]
+    C = chunk
+    pad = (-L) % C
+    if pad:  # padded tokens write nothing (beta 0) and do not decay (g 0)
+        q, k, v = (mx.pad(t, [(0, 0), (0, 0), (0, pad), (0, 0)]) for t in (q, k, v))
+        g, beta = (mx.pad(t, [(0, 0), (0, 0), (0, pad)]) for t in (g, beta))
+    n = (L + pad) // C
+    # (B, H, L, D) -> (B, H, n, C, D); gates (B, H, n, C)
+    q, k, v = (t.reshape(B, Hv, n, C, t.shape[-1]) for t in (q, k, v))
+    g, beta = g.reshape(B, Hv, n, C), beta.reshape(B, Hv, n, C)
+    G = mx.cumsum(g, axis=-1)
+    causal = mx.tril(mx.ones((C, C), mx.bool_))
+    strict = mx.tril(mx.ones((C, C), mx.bool_), k=-1)
+    diff = G[..., :, None] - G[..., None, :]  # (B, H, n, C, C): G_i - G_j
+    decay = mx.where(causal, mx.exp(mx.where(causal, diff, 0.0)), 0.0)
+    kb = k * beta[..., None]
+    A = mx.where(strict, (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
+    rhs = mx.concatenate([v * beta[..., None], kb * mx.exp(G)[..., None]], axis=-1)  # (.., C, Dv + Dk)
+    # forward substitution: x_i = rhs_i - sum_{j<i} A(i, j) x_j, the sums kept for every row
+    acc = mx.zeros_like(rhs)
+    rows = []
+    for i in range(C):
+        x = rhs[..., i, :] - acc[..., i, :]
+        rows.append(x)
+        acc = acc + A[..., :, i, None] * x[..., None, :]
+    X = mx.stack(rows, axis=-2)
+    U, W = X[..., :Dv], X[..., Dv:]
+    qd = q * mx.exp(G)[..., None]
+    mix = (q @ k.swapaxes(-1, -2)) * decay  # (B, H, n, C, C), causal
+    G_last = G[..., -1]  # (B, H, n)
+    kd = k * mx.exp(G_last[..., None] - G)[..., None]
+    S = mx.zeros((B, Hv, Dk, Dv), mx.float32) if state is None else state.astype(mx.float32)
+    outs = []
+    for c in range(n):
+        vc = U[:, :, c] - W[:, :, c] @ S  # (B, H, C, Dv)
+        outs.append(qd[:, :, c] @ S + mix[:, :, c] @ vc)
+        S = S * mx.exp(G_last[:, :, c])[..., None, None] + kd[:, :, c].swapaxes(-1, -2) @ vc
+    out = mx.concatenate(outs, axis=2)[:, :, :L]  # (B, H, L, Dv)
+    return out.transpose(0, 2, 1, 3).astype(out_dtype), S

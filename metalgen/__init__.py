@@ -7,7 +7,7 @@
 """
 
 from .api import generate, load, stream
-from .cache import KVCache, make_prompt_cache
+from .cache import KVCache, LinearAttnCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 from .errors import MetalgenError
 from .generate import GenerationResponse, generate_step, stream_generate
 from .sampling import make_logits_processors, make_sampler
@@ -34,5 +34,8 @@ __all__ = [
     "make_sampler",
     "make_logits_processors",
     "KVCache",
+    "LinearAttnCache",
     "make_prompt_cache",
+    "save_prompt_cache",
+    "load_prompt_cache",
 ]

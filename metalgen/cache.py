@@ -1,10 +1,17 @@
-"""Per-layer KV caches. The generation loop owns them and passes them into the model."""
+"""Per-layer caches: a KV cache for each attention layer, a conv state plus a recurrent state for
+each Gated DeltaNet layer (Qwen3-Next, Qwen3.5). The generation loop owns them and passes them into
+the model; `save_prompt_cache` / `load_prompt_cache` keep a filled one (a reused system prompt, the
+previous turns of a chat) in a safetensors file."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import json
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
 
 import mlx.core as mx
+
+from .errors import MetalgenError
 
 
 class KVCache:
@@ -60,6 +67,73 @@ class KVCache:
         return sum(a.nbytes for a in self.state)
 
 
-def make_prompt_cache(model, max_size: Optional[int] = None) -> List[KVCache]:
-    """One fresh KVCache per layer of `model`."""
+class LinearAttnCache:
+    """The state of one Gated DeltaNet layer: the conv's last taps (B, kernel - 1, conv_dim) in the
+    activations' dtype and the recurrent state (B, value_heads, key_head_dim, value_head_dim) in
+    float32, both replaced (not grown) at every step; `offset` counts the tokens they have seen."""
+
+    def __init__(self):
+        self.conv_state: Optional[mx.array] = None
+        self.recurrent: Optional[mx.array] = None
+        self.offset = 0
+
+    @property
+    def state(self) -> List[mx.array]:
+        """The arrays to evaluate to materialize this cache."""
+        return [a for a in (self.conv_state, self.recurrent) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
+def make_prompt_cache(model, max_size: Optional[int] = None) -> List[Union[KVCache, LinearAttnCache]]:
+    """One fresh cache per layer of `model`: the kind each layer needs (a model with other than
+    attention layers says which through its `make_cache`)."""
+    make = getattr(model, "make_cache", None)
+    if make is not None:
+        return make(max_size)
     return [KVCache(max_size) for _ in model.layers]
+
+
+def save_prompt_cache(path: Union[str, Path], cache: List, metadata: Optional[dict] = None) -> None:
+    """Write a filled per-layer cache to a safetensors file (each layer's kind, offset and arrays;
+    `metadata`: the caller's strings, e.g. the model it belongs to)."""
+    arrays, layers = {}, []
+    for i, c in enumerate(cache):
+        if isinstance(c, KVCache):
+            layers.append({"kind": "kv", "offset": c.offset})
+            if c.offset:
+                arrays[f"{i}.keys"] = c.keys[..., : c.offset, :]
+                arrays[f"{i}.values"] = c.values[..., : c.offset, :]
+        elif isinstance(c, LinearAttnCache):
+            layers.append({"kind": "linear", "offset": c.offset})
+            if c.conv_state is not None:
+                arrays[f"{i}.conv_state"] = c.conv_state
+                arrays[f"{i}.recurrent"] = c.recurrent
+        else:
+            raise MetalgenError(f"cannot save a cache layer of type {type(c).__name__}")
+    meta = {"metalgen.layers": json.dumps(layers), **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    mx.save_safetensors(str(path), arrays, metadata=meta)
+
+
+def load_prompt_cache(path: Union[str, Path], return_metadata: bool = False):
+    """The per-layer cache that `save_prompt_cache` wrote (and its metadata when asked)."""
+    try:
+        arrays, meta = mx.load(str(path), return_metadata=True)
+        layers = json.loads(meta.pop("metalgen.layers"))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise MetalgenError(f"{path}: not a metalgen prompt cache ({str(e).splitlines()[0] if str(e) else e})")
+    cache = []
+    for i, layer in enumerate(layers):
+        if layer["kind"] == "kv":
+            c = KVCache()
+            if layer["offset"]:
+                c.update(arrays[f"{i}.keys"], arrays[f"{i}.values"])
+        else:
+            c = LinearAttnCache()
+            if f"{i}.conv_state" in arrays:
+                c.conv_state, c.recurrent = arrays[f"{i}.conv_state"], arrays[f"{i}.recurrent"]
+            c.offset = layer["offset"]
+        cache.append(c)
+    return (cache, meta) if return_metadata else cache

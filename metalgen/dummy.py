@@ -60,6 +60,30 @@ def _qwen2_moe(hidden, layers, heads, kv_heads, inter, moe_inter, shared, expert
     ) | extra
 
 
+def _hybrid(model_type, hidden, layers, heads, kv_heads, lin_k_heads, lin_v_heads, vocab, **extra):
+    # Qwen3-Next / Qwen3.5: every fourth layer full attention (head_dim 256, a quarter of it turned),
+    # the others Gated DeltaNet with 128-dim key and value heads and a 4-tap conv
+    return dict(
+        model_type=model_type, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=256, vocab_size=vocab, tie_word_embeddings=False,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                            "partial_rotary_factor": 0.25},
+        max_position_embeddings=262144, full_attention_interval=4, linear_conv_kernel_dim=4,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=lin_k_heads,
+        linear_num_value_heads=lin_v_heads,
+    ) | extra
+
+
+def _hybrid_moe(model_type, hidden, layers, heads, kv_heads, lin_k_heads, lin_v_heads, vocab, experts, top_k,
+                moe_inter, shared, **extra):
+    moe = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=moe_inter,
+               shared_expert_intermediate_size=shared, norm_topk_prob=True, decoder_sparse_step=1,
+               mlp_only_layers=[])
+    return _hybrid(model_type, hidden, layers, heads, kv_heads, lin_k_heads, lin_v_heads, vocab, **(moe | extra))
+
+
+_QWEN35_VOCAB = 248320
+
 # The shapes of the released checkpoints' config.json files.
 SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen2.5-0.5b": _qwen2(896, 24, 14, 2, 4864),
@@ -76,12 +100,29 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3-235b-a22b": _qwen3_moe(4096, 94, 64, 4, 12288, 1536, 128, 8),
     # Qwen1.5-MoE-A2.7B: 60 experts, top 4, and a shared expert with its sigmoid gate
     "qwen1.5-moe-a2.7b": _qwen2_moe(2048, 24, 16, 16, 5632, 1408, 5632, 60, 4, max_position_embeddings=8192),
+    # Qwen3-Next-80B-A3B: 512 experts, top 10, a shared expert; 3B active
+    "qwen3-next-80b-a3b": _hybrid_moe("qwen3_next", 2048, 48, 16, 2, 16, 32, _QWEN_VOCAB, 512, 10, 512, 512,
+                                      intermediate_size=5120),
+    # Qwen3.5-35B-A3B and Qwen3.5-397B-A17B: every layer sparse, a shared expert
+    "qwen3.5-35b-a3b": _hybrid_moe("qwen3_5_moe", 2048, 40, 16, 2, 16, 32, _QWEN35_VOCAB, 256, 8, 512, 512),
+    "qwen3.5-397b-a17b": _hybrid_moe("qwen3_5_moe", 4096, 60, 32, 2, 16, 64, _QWEN35_VOCAB, 512, 10, 1024, 1024),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
     # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top 2; head_dim 64, the
     # smallest the decode kernels take
     "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=64, max_position_embeddings=2048,
                                  mlp_only_layers=[1], tie_word_embeddings=True),
+    # hybrid stacks: layers 0-2 Gated DeltaNet (2 key heads, 4 value heads of 64), layer 3 attention
+    # (head_dim 64, 16 dims turned); tiny-qwen3-next has layer 1 dense
+    "tiny-qwen3.5": _hybrid("qwen3_5", 128, 4, 4, 2, 2, 4, _QWEN_VOCAB, intermediate_size=256, head_dim=64,
+                            linear_key_head_dim=64, linear_value_head_dim=64, max_position_embeddings=2048,
+                            tie_word_embeddings=True),
+    "tiny-qwen3-next": _hybrid_moe("qwen3_next", 128, 4, 4, 2, 2, 4, _QWEN_VOCAB, 8, 2, 64, 64,
+                                   intermediate_size=256, head_dim=64, linear_key_head_dim=64,
+                                   linear_value_head_dim=64, max_position_embeddings=2048, mlp_only_layers=[1]),
+    "tiny-qwen3.5-moe": _hybrid_moe("qwen3_5_moe", 128, 4, 4, 2, 2, 4, _QWEN_VOCAB, 8, 2, 64, 64, head_dim=64,
+                                    linear_key_head_dim=64, linear_value_head_dim=64,
+                                    max_position_embeddings=2048, tie_word_embeddings=True),
     "tiny-qwen2-moe": _qwen2_moe(256, 2, 4, 2, 256, 64, 128, 8, 2, max_position_embeddings=2048,
                                  tie_word_embeddings=True),
 }
@@ -122,7 +163,10 @@ def quantize_like_mlx_lm(model: nn.Module, config: Dict[str, Any]) -> None:
     def predicate(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or module.weight.shape[-1] % gs:
             return False
-        if config["model_type"] == "qwen3_moe" and path.endswith("mlp.gate"):
+        # the routers (and the hybrid stacks' shared-expert gates) as mlx-lm keeps them, at 8 bits
+        hybrid_moe = config["model_type"] in ("qwen3_next", "qwen3_5_moe")
+        if ((config["model_type"] == "qwen3_moe" or hybrid_moe) and path.endswith("mlp.gate")) or \
+                (hybrid_moe and path.endswith("shared_expert_gate")):
             q[path] = {"group_size": gs, "bits": 8}
             return q[path]
         return True

@@ -13,15 +13,25 @@ MOE_BASE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 ROUTER_SCALE = 0.5
 
 
+# tiny hybrid shapes: four layers (three Gated DeltaNet, then full attention), 2 key heads of 16 and
+# 4 value heads of 8 in the linear layers, attention heads of 16 with a quarter of their dims turned
+HYBRID = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+HYBRID_BASE = dict(num_hidden_layers=4, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                   linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
+
+
 def save_tiny_hf_model(folder: Path, model_type: str, seed: int = 0, packed: bool = False, **overrides):
     """Build a tiny transformers model with every parameter random (biases and norm scales
     too, which transformers initializes to constants), save it, return the torch model.
-    model_type: qwen2, qwen3, qwen2_moe, qwen3_moe. `save_pretrained` writes MoE experts one tensor
+    model_type: qwen2, qwen3, qwen2_moe, qwen3_moe, and the hybrid qwen3_next, qwen3_5 (the text model,
+    Qwen3_5ForCausalLM), qwen3_5_moe. `save_pretrained` writes MoE experts one tensor
     each (the published layout); packed=True writes transformers 5's in-memory layout instead
     (mlp.experts.gate_up_proj / down_proj, experts on axis 0)."""
     import torch
     from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                              Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig,
+                              Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 
     torch.manual_seed(seed)
     base = dict(
@@ -36,14 +46,19 @@ def save_tiny_hf_model(folder: Path, model_type: str, seed: int = 0, packed: boo
         rope_theta=10000.0,
         attn_implementation="eager",
     )
-    if model_type.endswith("_moe"):
+    if model_type in HYBRID:
+        base.update(HYBRID_BASE)
+    if model_type.endswith("_moe") or model_type == "qwen3_next":
         base.update(MOE_BASE)
-        if model_type == "qwen2_moe":
+        if model_type != "qwen3_moe":
             base["shared_expert_intermediate_size"] = 48
     base.update(overrides)
     classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
-               "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+               "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+               "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
+               "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+               "qwen3_5_moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM)}
     if model_type not in classes:
         raise ValueError(model_type)
     config_cls, model_cls = classes[model_type]

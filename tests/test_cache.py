@@ -1,4 +1,5 @@
-"""KVCache: growth in steps, offsets, and equality of cached and uncached attention inputs."""
+"""KVCache: growth in steps, offsets, and equality of cached and uncached attention inputs; prompt
+caches saved and loaded (the hybrid models' LinearAttnCache: tests/test_models_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import numpy as np
 
 import mlx.core as mx
 
-from metalgen.cache import KVCache
+import pytest
+
+from metalgen.cache import KVCache, LinearAttnCache, load_prompt_cache, save_prompt_cache
+from metalgen.errors import MetalgenError
 
 
 def rand(shape, seed):
@@ -30,3 +34,25 @@ def test_max_size_caps_capacity():
     cache.update(rand((1, 1, 3, 4), 0), rand((1, 1, 3, 4), 1))
     assert cache.keys.shape[2] == 10
     assert cache.nbytes == 2 * 10 * 4 * 4
+
+
+def test_prompt_cache_round_trip(tmp_path):
+    kv, empty, lin = KVCache(), KVCache(), LinearAttnCache()
+    kv.update(rand((1, 2, 7, 8), 0), rand((1, 2, 7, 8), 1))
+    lin.conv_state, lin.recurrent, lin.offset = rand((1, 3, 12), 2), rand((1, 4, 8, 8), 3), 7
+    save_prompt_cache(tmp_path / "c.safetensors", [kv, empty, lin])
+    a, b, c = load_prompt_cache(tmp_path / "c.safetensors")
+    assert (a.offset, b.offset, c.offset) == (7, 0, 7) and b.keys is None
+    np.testing.assert_array_equal(np.array(a.keys[..., :7, :]), np.array(kv.keys[..., :7, :]))
+    np.testing.assert_array_equal(np.array(c.recurrent), np.array(lin.recurrent))
+    np.testing.assert_array_equal(np.array(c.conv_state), np.array(lin.conv_state))
+    a.update(rand((1, 2, 1, 8), 4), rand((1, 2, 1, 8), 5))  # a loaded cache grows as a fresh one
+    assert a.offset == 8
+
+
+def test_loading_a_file_that_is_not_a_prompt_cache(tmp_path):
+    mx.save_safetensors(str(tmp_path / "w.safetensors"), {"x": mx.zeros((2,))})
+    with pytest.raises(MetalgenError, match="not a metalgen prompt cache"):
+        load_prompt_cache(tmp_path / "w.safetensors")
+    with pytest.raises(MetalgenError, match="not a metalgen prompt cache"):
+        load_prompt_cache(tmp_path / "missing.safetensors")

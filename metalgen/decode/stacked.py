@@ -176,6 +176,8 @@ def unsupported_reason(model) -> Optional[str]:
     layers = stack.layers
     if not layers:
         return "the model has no layers"
+    if stack.spec.hybrid is not None:
+        return "Gated DeltaNet (linear attention) layers are not on the stacked paths yet"
     problem = quantization_of(model)[0]
     if problem:
         return problem

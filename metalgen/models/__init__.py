@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import logging
 
 from ..errors import MetalgenError
+
+log = logging.getLogger("metalgen.models")
 
 # model_type -> module under metalgen.models defining ModelArgs and Model
 MODEL_TYPES = {
@@ -12,6 +15,11 @@ MODEL_TYPES = {
     "qwen2_moe": "qwen2_moe",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
+    "qwen3_next": "qwen3_next",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
 }
 
 
@@ -30,4 +38,7 @@ def build_model(config: dict):
     if "model_type" not in config:
         raise MetalgenError("config.json has no 'model_type'")
     model_cls, args_cls = get_model_classes(config["model_type"])
+    if config.get("vision_config") is not None:
+        log.warning("%s: loading the text decoder; image input is not supported (vision weights skipped)",
+                    config["model_type"])
     return model_cls(args_cls.from_dict(config))

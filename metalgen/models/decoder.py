@@ -40,6 +40,9 @@ class DecoderSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     moe: Optional[MoeSpec] = None  # the sparse layers (MoE models); None: every layer is dense
+    # hybrid stacks (Qwen3-Next, Qwen3.5: models/hybrid.py): which layers are Gated DeltaNet linear
+    # attention and how those are shaped; None: every layer is softmax attention
+    hybrid: Optional[Any] = None
 
 
 def spec_from_args(args, **overrides) -> DecoderSpec:
@@ -152,9 +155,12 @@ class DecoderModel(nn.Module):
             rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
         if embed_tokens:
             self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = [DecoderLayer(spec, rope, spec.moe is not None and spec.moe.is_sparse(i))
-                       for i in range(spec.num_hidden_layers)]
+        self.layers = [self.make_layer(spec, rope, i) for i in range(spec.num_hidden_layers)]
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def make_layer(self, spec: DecoderSpec, rope, index: int) -> nn.Module:
+        """Layer `index` of the stack (hybrid stacks choose their token mixer per layer)."""
+        return DecoderLayer(spec, rope, spec.moe is not None and spec.moe.is_sparse(index))
 
     def __call__(
         self,
@@ -215,9 +221,11 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """Decoder plus LM head (tied to the embedding or its own `lm_head`). Returns logits."""
 
+    decoder_class = DecoderModel  # the `model.*` subtree (hybrid stacks: models/hybrid.py)
+
     def __init__(self, spec: DecoderSpec, tie_word_embeddings: bool):
         super().__init__()
-        self.model = DecoderModel(spec)
+        self.model = self.decoder_class(spec)
         if not tie_word_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
 

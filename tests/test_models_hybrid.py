@@ -1,0 +1,242 @@
+"""Qwen3-Next, Qwen3.5 and Qwen3.5-MoE (models/hybrid.py, gated_delta.py and the three model files):
+parity with transformers on tiny random fp32 checkpoints, with prompts longer than one prefill chunk of
+the gated delta rule; per-layer caches of both kinds, chunked prefill and saved prompt caches; the
+image-text and MLX layouts; the dummy shapes; one-line errors for bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import metalgen
+from metalgen.cache import KVCache, LinearAttnCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
+from metalgen.errors import MetalgenError
+from metalgen.generate import generate_step
+from metalgen.loading import load_model, read_config
+
+from conftest import copy_tokenizer
+from hf_checkpoints import save_tiny_hf_model
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PROMPT_LEN = 80  # longer than one 64-token chunk of the chunked gated delta rule
+DECODE_STEPS = 16
+GREEDY = 48
+TOL = 1e-4 if __import__("kernels_metal").backend() == "cpu" else 3e-3  # TF32 matmuls on CUDA
+
+CASES = {
+    # sparse layers with a shared expert, layer 1 dense (mlp_only_layers), untied
+    "qwen3next-mixed": ("qwen3_next", dict(mlp_only_layers=[1], tie_word_embeddings=False)),
+    # raw softmax weights, one value head per key head, the attention layers first and last
+    "qwen3next-raw-mha": ("qwen3_next", dict(norm_topk_prob=False, linear_num_value_heads=2,
+                                             layer_types=["full_attention", "linear_attention",
+                                                          "linear_attention", "full_attention"])),
+    # dense, tied, the whole head turned
+    "qwen3.5-tied-full-rope": ("qwen3_5", dict(tie_word_embeddings=True,
+                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                "partial_rotary_factor": 1.0})),
+    "qwen3.5-moe": ("qwen3_5_moe", dict(tie_word_embeddings=False)),
+}
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def pair(request, tmp_path_factory):
+    model_type, overrides = CASES[request.param]
+    folder = tmp_path_factory.mktemp(request.param.replace(".", "_"))
+    hf = save_tiny_hf_model(folder, model_type, **overrides)
+    ours = load_model(folder, read_config(folder))
+    return hf, ours
+
+
+def test_logits_match_transformers(pair):
+    hf, ours = pair
+    ids = np.random.default_rng(1).integers(0, 512, PROMPT_LEN + DECODE_STEPS)
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids[None])).logits[0].numpy()
+    cache = make_prompt_cache(ours)
+    got = [np.array(ours(mx.array(ids[None, :PROMPT_LEN]), cache=cache)[0])]
+    for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
+        got.append(np.array(ours(mx.array(ids[None, t:t + 1]), cache=cache)[0]))
+    got = np.concatenate(got)
+    assert rel_err(got[:PROMPT_LEN], ref[:PROMPT_LEN]) < TOL
+    for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
+        assert rel_err(got[t], ref[t]) < TOL, f"decode step {t - PROMPT_LEN}"
+
+
+def test_greedy_tokens_match_transformers(pair):
+    hf, ours = pair
+    prompt = np.random.default_rng(2).integers(0, 512, PROMPT_LEN)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(prompt[None]), max_new_tokens=GREEDY, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[0, PROMPT_LEN:].tolist()
+    got = [t for t, _ in generate_step(mx.array(prompt), ours, max_tokens=GREEDY)]
+    assert got == want
+
+
+def test_caches_follow_the_layer_types(pair):
+    _, ours = pair
+    cache = make_prompt_cache(ours)
+    kinds = ["linear" if isinstance(c, LinearAttnCache) else "kv" for c in cache]
+    assert all(isinstance(c, (KVCache, LinearAttnCache)) for c in cache)
+    assert kinds == ["linear" if t == "linear_attention" else "kv" for t in ours.spec.hybrid.layer_types]
+    ours(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    lin = next(c for c in cache if isinstance(c, LinearAttnCache))
+    spec = ours.spec.hybrid.linear
+    assert lin.offset == 5 and lin.recurrent.dtype == mx.float32
+    assert lin.recurrent.shape == (1, spec.num_value_heads, spec.key_head_dim, spec.value_head_dim)
+    assert lin.conv_state.shape == (1, spec.conv_kernel - 1, spec.conv_dim)
+
+
+def test_chunked_prefill_equals_single_pass(pair):
+    # prompt chunks of 9 carry the conv taps and the recurrent state across chunk edges
+    _, ours = pair
+    ids = mx.array(np.random.default_rng(3).integers(0, 512, 70))
+    one = [t for t, _ in generate_step(ids, ours, max_tokens=6, prefill_step_size=512)]
+    chunked = [t for t, _ in generate_step(ids, ours, max_tokens=6, prefill_step_size=9)]
+    assert one == chunked
+
+
+def test_saved_prompt_cache_continues_the_sequence(pair, tmp_path):
+    _, ours = pair
+    ids = np.random.default_rng(5).integers(0, 512, 30)
+    cache = make_prompt_cache(ours)
+    ours(mx.array(ids[None, :20]), cache=cache)
+    save_prompt_cache(tmp_path / "p.safetensors", cache, {"model": "tiny"})
+    loaded, meta = load_prompt_cache(tmp_path / "p.safetensors", return_metadata=True)
+    assert meta["model"] == "tiny" and [type(c) for c in loaded] == [type(c) for c in cache]
+    got = np.array(ours(mx.array(ids[None, 20:]), cache=loaded))
+    want = np.array(ours(mx.array(ids[None, 20:]), cache=cache))
+    assert np.array_equal(got, want)
+    assert rel_err(got[0], np.array(ours(mx.array(ids[None])))[0, 20:]) < 1e-4
+
+
+# --- layouts ----------------------------------------------------------------------------------------
+
+
+def test_image_text_layout_loads_the_text_decoder(tmp_path, caplog):
+    # a Qwen3.5 checkpoint as published: config nested under text_config, weights under
+    # model.language_model., a vision tower and multi-token-prediction weights beside them
+    hf = save_tiny_hf_model(tmp_path / "text", "qwen3_5")
+    text = load_model(tmp_path / "text", read_config(tmp_path / "text"))
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    cfg = json.loads((tmp_path / "text" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+         "text_config": {**cfg, "model_type": "qwen3_5_text"}, "vision_config": {"depth": 2},
+         "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}))
+    w = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+         for k, v in mx.load(str(tmp_path / "text" / "model.safetensors")).items()}
+    w["model.visual.blocks.0.attn.qkv.weight"] = mx.zeros((4, 4))
+    w["mtp.layers.0.input_layernorm.weight"] = mx.zeros((64,))
+    mx.save_safetensors(str(folder / "model.safetensors"), w)
+    copy_tokenizer(folder)
+    with caplog.at_level(logging.WARNING, logger="metalgen.models"):
+        model, _ = metalgen.load(str(folder))
+    notes = [r.getMessage() for r in caplog.records if "image input is not supported" in r.getMessage()]
+    assert len(notes) == 1
+    ids = mx.array([[5, 6, 7, 8, 9]])
+    assert np.array_equal(np.array(model(ids)), np.array(text(ids)))
+    del hf
+
+
+def test_mlx_layout_loads_as_saved(tmp_path):
+    # our own parameters (norms as 1 + weight, conv weights (C, taps, 1)), saved as MLX conversions
+    # store them, load back unchanged: no second shift
+    save_tiny_hf_model(tmp_path / "hf", "qwen3_next", tie_word_embeddings=False)
+    ours = load_model(tmp_path / "hf", read_config(tmp_path / "hf"))
+    folder = tmp_path / "mlx"
+    folder.mkdir()
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(ours.parameters())))
+    (folder / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    copy_tokenizer(folder)
+    again, _ = metalgen.load(str(folder))
+    ids = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    assert np.array_equal(np.array(again(ids)), np.array(ours(ids)))
+
+
+def test_norms_take_one_plus_weight_from_hugging_face(tmp_path):
+    hf = save_tiny_hf_model(tmp_path, "qwen3_5")
+    ours = load_model(tmp_path, read_config(tmp_path))
+    theirs = hf.model.layers[3].self_attn.q_norm.weight.detach().numpy()
+    assert np.allclose(np.array(ours.model.layers[3].self_attn.q_norm.weight), 1.0 + theirs)
+    gated = hf.model.layers[0].linear_attn.norm.weight.detach().numpy()
+    assert np.allclose(np.array(ours.model.layers[0].linear_attn.norm.weight), gated)  # not shifted
+
+
+# --- dummy shapes -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-qwen3.5-moe", "tiny-qwen3.5-moe-4bit"])
+def test_dummy_shapes(shape):
+    model, tok = metalgen.load(f"dummy:{shape}")
+    assert isinstance(metalgen.generate(model, tok, "Hello", max_tokens=3), str)
+    if shape.endswith("4bit"):
+        gate = model.model.layers[0].mlp.gate
+        assert gate.bits == 8 and model.model.layers[0].mlp.shared_expert_gate.bits == 8
+
+
+def test_big_dummy_shapes_have_published_sizes():
+    from metalgen.dummy import dummy_config
+    from metalgen.models import build_model
+
+    def params(shape):
+        model = build_model(dummy_config(shape))
+        return sum(v.size for _, v in tree_flatten(model.parameters())), model.spec
+
+    n, spec = params("qwen3.5-35b-a3b")
+    assert 34e9 < n < 36.5e9 and spec.hybrid.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    n, spec = params("qwen3-next-80b-a3b")
+    assert 79e9 < n < 82e9 and spec.moe.num_experts == 512 and spec.hybrid.rotary_dims == 64
+
+
+# --- bad checkpoints ----------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def hybrid_folder(tmp_path):
+    save_tiny_hf_model(tmp_path, "qwen3_5")
+    copy_tokenizer(tmp_path)
+    return tmp_path
+
+
+def _edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_layer_types_of_the_wrong_length(hybrid_folder):
+    _edit_config(hybrid_folder, layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(MetalgenError, match="layer_types has 2 entries for num_hidden_layers 4"):
+        metalgen.load(str(hybrid_folder))
+
+
+def test_linear_heads_that_do_not_divide(hybrid_folder):
+    _edit_config(hybrid_folder, linear_num_value_heads=3)
+    with pytest.raises(MetalgenError, match="linear_num_value_heads 3 must be a positive multiple of "
+                                            "linear_num_key_heads 2"):
+        metalgen.load(str(hybrid_folder))
+
+
+def test_missing_recurrent_tensor_is_one_line_on_the_cli(hybrid_folder, capsys):
+    from metalgen.cli import main
+
+    path = hybrid_folder / "model.safetensors"
+    w = dict(mx.load(str(path)))
+    w.pop("model.layers.1.linear_attn.A_log")
+    path.unlink()
+    mx.save_safetensors(str(path), w)
+    assert main(["generate", "--model", str(hybrid_folder), "--prompt", "hi", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("metalgen: error: tensor 'model.layers.1.linear_attn.A_log' is missing")
