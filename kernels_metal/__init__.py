@@ -164,12 +164,9 @@ def moe_experts(x, inds, scores, gate, up, down):
 
 def gated_delta(q, k, v, g, beta, state=None):
     """The gated delta rule of Gated DeltaNet layers (Qwen3-Next, Qwen3.5): q, k (B, L, Hk, Dk) raw
-    (L2-normalised here), v (B, L, Hv, Dv), g (log decay) and beta (B, L, Hv) float32, state
-    (B, Hv, Dk, Dv) float32 or None -> (out (B, L, Hv, Dv) in v's dtype, new state float32). One
-    token steps the recurrence; a prompt takes the chunked form, equal to it (reference.py). Both are
-    MLX ops on every backend for now: the fused decode kernel is still to come (docs/kernels.md)."""
-    from . import reference
-
-    if q.shape[1] == 1:
-        return reference.gated_delta_recurrent(q, k, v, g, beta, state)
-    return reference.gated_delta_chunked(q, k, v, g, beta, state)
+    (L2-normalised here), v (B, L, Hv, Dv) with Hv a multiple of Hk (value head j reads key head
+    j // (Hv // Hk)), g (log decay <= 0) and beta (B, L, Hv) float32, state (B, Hv, Dk, Dv) float32
+    or None (zeros) -> (out (B, L, Hv, Dv) in v's dtype, new state float32). One token (decode) is
+    one fused kernel on a GPU, every value head in one launch; a prompt takes the chunked form
+    (reference.gated_delta_chunked), equal to the token-by-token recurrence up to float32 rounding."""
+    return _impl_for("gated_delta").gated_delta(q, k, v, g, beta, state)

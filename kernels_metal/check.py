@@ -331,6 +331,40 @@ def c_moe_pack(A, E, B):
     record("moe_pack", f"A{A} E{E} B{B}", 0.0 if ok else 1.0, 0.5, t, tm, inds.nbytes, "reference ops")
 
 
+@case
+def c_gated_delta(B, Hk, Hv, D, dtype=mx.bfloat16):
+    """One decode token of the gated delta rule: the fused kernel (gated_delta_step) against the
+    recurrence in MLX ops, which it replaces; the bytes are the float32 state's, read and written once
+    (q, k, v and the output add under 1% at real shapes)."""
+    q, k, v = rnd((B, 1, Hk, D), dtype), rnd((B, 1, Hk, D), dtype), rnd((B, 1, Hv, D), dtype)
+    g = -mx.abs(mx.random.normal((B, 1, Hv))) * 0.3
+    beta = mx.sigmoid(mx.random.normal((B, 1, Hv)))
+    s = mx.random.normal((B, Hv, D, D)) * 0.1
+    o, s1 = gpu.gated_delta(q, k, v, g, beta, s)
+    ro, rs = ref.gated_delta_recurrent(q, k, v, g, beta, s)
+    err = max(relerr(o, ro), relerr(s1, rs))
+    t = bench(lambda: gpu.gated_delta(q, k, v, g, beta, s))
+    tm = bench(lambda: ref.gated_delta_recurrent(q, k, v, g, beta, s))
+    record("gated_delta", f"B{B} Hk{Hk} Hv{Hv} D{D} {dtype}".replace("mlx.core.", ""), err,
+           1e-4 if dtype == mx.float32 else 1e-2, t, tm, 2 * s.nbytes, "reference ops")
+
+
+@case
+def c_gated_delta_prefill(B, Hk, Hv, D, L):
+    """A prompt of L tokens: the chunked form (MLX matmuls, chunks of 64) against the token-by-token
+    recurrence, both timed; the bytes are q, k, v and the output once."""
+    q, k, v = rnd((B, L, Hk, D)), rnd((B, L, Hk, D)), rnd((B, L, Hv, D))
+    g = -mx.abs(mx.random.normal((B, L, Hv))) * 0.3
+    beta = mx.sigmoid(mx.random.normal((B, L, Hv)))
+    o, s1 = gpu.gated_delta(q, k, v, g, beta)
+    ro, rs = ref.gated_delta_recurrent(q, k, v, g, beta)
+    err = max(relerr(o, ro), relerr(s1, rs))
+    t = bench(lambda: gpu.gated_delta(q, k, v, g, beta), reps=3, trials=3)
+    tm = bench(lambda: ref.gated_delta_recurrent(q, k, v, g, beta), reps=1, trials=3)
+    record("gated_delta_prefill", f"B{B} Hk{Hk} Hv{Hv} D{D} L{L}", err, 1e-2, t, tm,
+           q.nbytes + k.nbytes + 2 * v.nbytes, "recurrence", dict(tok_per_s=B * L / t))
+
+
 def main(argv=None):
     global LOG, COPY_BW
     ap = argparse.ArgumentParser()
@@ -439,6 +473,16 @@ def main(argv=None):
             for T in ([16, 512, 2048] if q else [8, 16, 128, 512, 2048, 4096]):
                 for block in ([None, 64] if q else [None, 16, 64]):
                     c_moe_experts(T, 2048, 768, 128, 8, bits, block=block, ref_check=T <= 16)
+    if want("gated_delta"):
+        # Qwen3-Next-80B / Qwen3.5-35B (16 key heads, 32 value heads of 128), Qwen3.5-397B (64 value
+        # heads), the tiny hybrid shapes (2 and 4 of 64), equal key and value heads
+        for (Hk, Hv, D) in [(16, 32, 128), (16, 64, 128), (2, 4, 64), (8, 8, 128)]:
+            for B in ([1] if q else [1, 4]):
+                c_gated_delta(B, Hk, Hv, D)
+        c_gated_delta(2, 16, 32, 128, mx.float32)
+        c_gated_delta(3, 1, 2, 256, mx.float16)
+        for L in ([64, 512] if q else [64, 512, 2048]):
+            c_gated_delta_prefill(1, 16, 32, 128, L)
     fell = {k: v for k, v in gpu.status().items() if v is False}
     log(f"variants that fell back to the reference: {fell if fell else 'none'}")
     # compact table last

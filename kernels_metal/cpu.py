@@ -129,3 +129,11 @@ def nn_silu(x):
 
 def moe_pack(inds, num_experts, block):
     return ref.moe_pack(inds, num_experts, block)
+
+
+def gated_delta(q, k, v, g, beta, state=None):
+    # one token steps the recurrence; a prompt takes the chunked form (matmuls over chunks of 64),
+    # equal to it up to float32 rounding
+    if q.shape[1] == 1:
+        return ref.gated_delta_recurrent(q, k, v, g, beta, state)
+    return ref.gated_delta_chunked(q, k, v, g, beta, state)

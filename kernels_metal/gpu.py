@@ -52,8 +52,10 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # and a win at 32k with G=4 (144 vs 161); the sampler 61-145 vs 313-680 for its MLX form
 # (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
-ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack"})
-# (linear, quantized_linear and moe_experts choose a kernel or a built-in inside)
+ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
+                           "gated_delta"})
+# (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
+# delta rule has no built-in: its decode step is the kernel, a prompt the chunked MLX form)
 
 
 def custom_wins(kernel: str, length: int = 0) -> bool:
@@ -554,3 +556,42 @@ def moe_experts(x, inds, scores, gate, up, down):
     if path == "gemm":
         return moe_gemm(x, inds, scores, gate, up, down)
     return moe_grouped(x, inds, scores, gate, up, down)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated DeltaNet (docs/kernels.md)
+
+# head dims the decode kernel takes: a group holds R = DK / NW state rows a thread in registers
+GATED_DELTA_MAX_DIM = 256
+
+
+def gated_delta_warps(Dk: int) -> int:
+    """Lane-groups a group of gated_delta_step: 16 state rows a thread up to DK = 128 (8 groups of 32
+    lanes at 128), 32 at DK = 256 (55 and 78 registers a thread, no spills, sm_90)."""
+    return max(1, min(8, Dk // 16))
+
+
+def gated_delta(q, k, v, g, beta, state=None):
+    B, L, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    if L != 1:
+        # a prompt: the chunked form, MLX matmuls on any device (no kernel of ours yet)
+        return ref.gated_delta_chunked(q, k, v, g, beta, state)
+    if state is None:
+        state = mx.zeros((B, Hv, Dk, Dv), mx.float32)
+
+    def fb():
+        return ref.gated_delta_recurrent(q, k, v, g, beta, state)
+
+    if (v.dtype not in _GPU_DTYPES or q.dtype != v.dtype or k.dtype != v.dtype or Dk > GATED_DELTA_MAX_DIM
+            or Dv > GATED_DELTA_MAX_DIM or Dv % 32 or Hv % Hk or state.dtype != mx.float32
+            or tuple(state.shape) != (B, Hv, Dk, Dv) or B == 0):
+        return fb()
+    nw = gated_delta_warps(Dk)
+    groups = B * Hv * (Dv // 32)
+    out, new_state = _run("gated_delta_step", (v.dtype, Dk, Dv), fb,
+                          inputs=[q, k, v, g.astype(mx.float32), beta.astype(mx.float32), state, _i32(Hk, Hv)],
+                          template=[("T", v.dtype), ("DK", Dk), ("DV", Dv), ("NW", nw)],
+                          grid=(groups * 32 * nw, 1, 1), threadgroup=(32 * nw, 1, 1),
+                          output_shapes=[(B, 1, Hv, Dv), (B, Hv, Dk, Dv)], output_dtypes=[v.dtype, mx.float32])
+    return out, new_state

@@ -38,6 +38,9 @@ __all__ = [
     "moe_act",
     "moe_combine",
     "moe_pack",
+    "gated_delta_recurrent",
+    "gated_delta_chunked",
+    "unit_lower_inverse",
 ]
 
 
@@ -459,21 +462,61 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None):
 
 
 GATED_DELTA_CHUNK = 64
+# the within-chunk inverse's diagonal blocks (unit_lower_inverse)
+GATED_DELTA_BLOCK = 16
+
+
+def unit_lower_inverse(A, block: int = GATED_DELTA_BLOCK):
+    """(I + A)^-1 for A (..., C, C) strictly lower triangular, float32, by forward substitution in
+    two levels: the diagonal blocks of `block` rows one row a step (every block of every matrix at
+    once), then the block rows below them one block a step (two matmuls each). That is block + C / block
+    short steps where row-by-row substitution takes C, each on (C, C) matrices rather than on the
+    right-hand sides, and it runs on any device: MLX's triangular solvers take the CPU stream only.
+    A C that `block` does not divide is solved row by row (one block of C rows)."""
+    C = A.shape[-1]
+    b = block if C % block == 0 else C
+    nb = C // b
+    # (..., C, C) -> the diagonal blocks (..., nb, b, b)
+    D = mx.stack([A[..., i * b:(i + 1) * b, i * b:(i + 1) * b] for i in range(nb)], axis=-3)
+    eye = mx.eye(b, dtype=A.dtype)
+    # row i of a block's inverse: e_i - sum_{j<i} D(i, j) row_j; acc keeps those sums for every row
+    acc = mx.zeros_like(D)
+    rows = []
+    for i in range(b):
+        x = eye[i] - acc[..., i, :]
+        rows.append(x)
+        acc = acc + D[..., :, i, None] * x[..., None, :]
+    Tdiag = mx.stack(rows, axis=-2)  # (..., nb, b, b)
+    # block row i of the inverse: Tdiag_i (E_i - A(i, <i) T(<i, :)), E_i the identity's rows of block i
+    eyeC = mx.eye(C, dtype=A.dtype)
+    block_rows = []
+    for i in range(nb):
+        rhs = eyeC[i * b:(i + 1) * b]  # (b, C)
+        if i:
+            done = mx.concatenate(block_rows, axis=-2)  # (..., i b, C): the rows solved so far
+            rhs = rhs - A[..., i * b:(i + 1) * b, :i * b] @ done
+        block_rows.append(Tdiag[..., i, :, :] @ rhs)
+    return mx.concatenate(block_rows, axis=-2)
 
 
 def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_CHUNK):
     """The gated delta rule in chunks of `chunk` tokens, equal to gated_delta_recurrent up to float32
     rounding. Within a chunk the delta-rule writes are one triangular system: with decays
-    d(i, j) = exp(G_i - G_j) (G the running sum of g in the chunk, j <= i, so every factor is <= 1),
-    A(i, j) = beta_i (k_i . k_j) d(i, j) below the diagonal, and T = (I + A)^-1, the chunk's corrected
-    values are U - W S (U = T (beta v), W = T (beta k exp(G))), its outputs (q exp(G)) S plus the
-    causal (q_i . k_j) d(i, j) mix of those values, and the state S exp(G_last) + sum_j k_j
-    exp(G_last - G_j) (corrected v_j). T is applied by forward substitution, one row at a time across
-    every chunk and head at once: MLX's triangular solvers run on the CPU stream only."""
+    d(i, j) = exp(G_i - G_j) (G the running sum of g in the chunk, j <= i, so every factor is <= 1;
+    the differences above the diagonal are masked before the exp, where they would overflow),
+    A(i, j) = beta_i (k_i . k_j) d(i, j) below the diagonal, and T = (I + A)^-1 (unit_lower_inverse),
+    the chunk's corrected values are U - W S (U = T (beta v), W = T (beta k exp(G))), its outputs
+    (q exp(G)) S plus the causal (q_i . k_j) d(i, j) mix of those values, and the state
+    S exp(G_last) + sum_j k_j exp(G_last - G_j) (corrected v_j). No factor exp(-G) appears, so
+    nothing overflows however strong the decay. Everything but the scan over chunks is batched over
+    sequences, heads and chunks."""
     B, L, Hv, Dv = v.shape
     out_dtype = v.dtype
     q, k, v, g, beta = _gated_delta_inputs(q, k, v, g, beta)
     Dk = q.shape[-1]
+    S = mx.zeros((B, Hv, Dk, Dv), mx.float32) if state is None else state.astype(mx.float32)
+    if L == 0:
+        return mx.zeros((B, 0, Hv, Dv), out_dtype), S
     C = chunk
     pad = (-L) % C
     if pad:  # padded tokens write nothing (beta 0) and do not decay (g 0)
@@ -491,20 +534,12 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_C
     kb = k * beta[..., None]
     A = mx.where(strict, (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
     rhs = mx.concatenate([v * beta[..., None], kb * mx.exp(G)[..., None]], axis=-1)  # (.., C, Dv + Dk)
-    # forward substitution: x_i = rhs_i - sum_{j<i} A(i, j) x_j, the sums kept for every row
-    acc = mx.zeros_like(rhs)
-    rows = []
-    for i in range(C):
-        x = rhs[..., i, :] - acc[..., i, :]
-        rows.append(x)
-        acc = acc + A[..., :, i, None] * x[..., None, :]
-    X = mx.stack(rows, axis=-2)
+    X = unit_lower_inverse(A) @ rhs
     U, W = X[..., :Dv], X[..., Dv:]
     qd = q * mx.exp(G)[..., None]
     mix = (q @ k.swapaxes(-1, -2)) * decay  # (B, H, n, C, C), causal
     G_last = G[..., -1]  # (B, H, n)
     kd = k * mx.exp(G_last[..., None] - G)[..., None]
-    S = mx.zeros((B, Hv, Dk, Dv), mx.float32) if state is None else state.astype(mx.float32)
     outs = []
     for c in range(n):
         vc = U[:, :, c] - W[:, :, c] @ S  # (B, H, C, Dv)
