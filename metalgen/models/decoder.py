@@ -67,6 +67,18 @@ def spec_from_args(args, **overrides) -> DecoderSpec:
     return dataclasses.replace(spec, **overrides)
 
 
+def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None, cache=None) -> mx.array:
+    """Attention of q (B, Hq, L, D) over the new k, v (B, Hkv, L, D) appended to `cache` (if any):
+    the decode kernel reads the cache in place for one token, SDPA takes the rest. -> (B, Hq, L, D)"""
+    if cache is None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    if q.shape[2] == 1:
+        cache.update(k, v)
+        return K.decode_attention(q, cache.keys, cache.values, cache.offset, scale)
+    keys, values = cache.update_and_fetch(k, v)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+
+
 class Attention(nn.Module):
     """Grouped-query attention; K/V heads are never repeated to match the query heads."""
 
@@ -105,16 +117,8 @@ class Attention(nn.Module):
             q = self._rope(q, offset, position_ids)
             k = self._rope(k, offset, position_ids)
 
-        if cache is None:
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        elif L == 1:
-            cache.update(k, v)
-            o = K.decode_attention(q, cache.keys, cache.values, cache.offset, self.scale)
-        else:
-            keys, values = cache.update_and_fetch(k, v)
-            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         # (B, heads, L, D) -> (B, L, heads * D)
-        o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        o = attend(q, k, v, self.scale, mask, cache).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(o)
 
 

@@ -18,11 +18,9 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-import kernels_metal as K
-
 from ..cache import KVCache, LinearAttnCache
 from ..errors import MetalgenError
-from .decoder import CausalLM, DecoderModel, DecoderSpec
+from .decoder import CausalLM, DecoderModel, DecoderSpec, attend
 from .gated_delta import GatedDeltaNet, LinearAttnSpec
 from .layers import MLP, Linear, RMSNorm
 from .moe import SparseMoeBlock
@@ -127,16 +125,8 @@ class GatedAttention(nn.Module):
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         offset = cache.offset if cache is not None else 0
         q, k = self._turn(q, offset), self._turn(k, offset)
-        if cache is None:
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        elif L == 1:
-            cache.update(k, v)
-            o = K.decode_attention(q, cache.keys, cache.values, cache.offset, self.scale)
-        else:
-            keys, values = cache.update_and_fetch(k, v)
-            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         # (B, heads, L, D) -> (B, L, heads * D)
-        o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        o = attend(q, k, v, self.scale, mask, cache).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(o * mx.sigmoid(gate))
 
 
@@ -197,10 +187,12 @@ class HybridCausalLM(CausalLM):
                     key = new + key[len(old):]
                     break
             renamed[key] = value
-        hf_form = any(k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[1] == 1 and v.shape[2] != 1
-                      for k, v in renamed.items())
+        def hf_conv(key, value):  # Hugging Face's (C, 1, taps), not MLX's (C, taps, 1)
+            return key.endswith("conv1d.weight") and value.ndim == 3 and value.shape[1] == 1 and value.shape[2] != 1
+
+        hf_form = any(hf_conv(k, v) for k, v in renamed.items())
         for key, value in renamed.items():
-            if key.endswith("conv1d.weight") and value.ndim == 3 and value.shape[1] == 1 and value.shape[2] != 1:
+            if hf_conv(key, value):
                 renamed[key] = value.moveaxis(2, 1)  # (C, 1, taps) -> (C, taps, 1)
             elif hf_form and key.endswith(SHIFTED_NORMS) and value.ndim == 1:
                 renamed[key] = value + 1.0

@@ -9,9 +9,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from . import qwen3_next
-from .decoder import DecoderSpec, spec_from_args
-from .hybrid import HybridCausalLM, hybrid_spec_from_args, text_config
-from .moe import moe_spec_from_args
+from .hybrid import HybridCausalLM, text_config
 
 TEXT_TYPES = ("qwen3_5_moe_text",)
 
@@ -25,18 +23,12 @@ class ModelArgs(qwen3_next.ModelArgs):
     num_experts_per_tok: int = 8
     intermediate_size: int = 0
 
-    layout = "split"
+    layout = "split"  # to_spec is Qwen3-Next's: sparse layers with a shared expert, hybrid layers
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any]):
         fixed = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
         return super().from_dict({**text_config(params, TEXT_TYPES), **fixed})
-
-    def to_spec(self) -> DecoderSpec:
-        return spec_from_args(
-            self, qkv_bias=self.attention_bias, qk_norm=True,
-            moe=moe_spec_from_args(self, shared_intermediate_size=self.shared_expert_intermediate_size),
-            hybrid=hybrid_spec_from_args(self, self.layout))
 
 
 class Model(HybridCausalLM):
