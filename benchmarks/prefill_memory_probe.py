@@ -52,7 +52,7 @@ def main():
                 mx.reset_peak_memory()
                 tic = time.perf_counter()
                 rest = prefill(model, prompt, cache, args.chunk)
-                logits = model.logits(model.hidden(rest[None], cache=cache)[:, -1, :])
+                logits = model.logits(model.hidden(rest[None], cache=cache, layer_by_layer=True)[:, -1, :])
                 mx.eval(logits)
                 dt = time.perf_counter() - tic
                 pre_peak = mx.get_peak_memory()

@@ -94,7 +94,10 @@ def metalgen_steps(model, decode: Optional[str] = None):
 def decode_path_name(model, decode: Optional[str] = None) -> str:
     """Which decode path `decode` resolves to on this model and backend (builds it, once)."""
     from .decode import decoder_for
+    from .decode.path import takes_compiled
 
+    if takes_compiled(model, decode):
+        return "compiled"
     dec = decoder_for(model, decode)
     return "plain" if dec is None else dec.name
 

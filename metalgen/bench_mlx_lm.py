@@ -19,6 +19,25 @@ import json
 import sys
 
 
+def _as_published(config: dict) -> dict:
+    """The config as the published checkpoints spell it, which mlx-lm reads: Qwen3-Next's configs
+    carry `rope_theta` and `partial_rotary_factor` at the top level, where transformers 5 (and the
+    dummy shapes) nest them in `rope_parameters`."""
+    rope = config.get("rope_parameters") or {}
+    if config["model_type"] == "qwen3_next":
+        config = dict(config)
+        for key in ("rope_theta", "partial_rotary_factor"):
+            config.setdefault(key, rope.get(key))
+    return config
+
+
+def vocab_size(args) -> int:
+    """The vocabulary of an mlx-lm ModelArgs: Qwen3.5's wrapper keeps it in `text_config`."""
+    if hasattr(args, "vocab_size"):
+        return args.vocab_size
+    return args.text_config["vocab_size"]
+
+
 def build_model(source: str, dtype=None):
     """mlx-lm's model for `source` (folder, hub id or dummy:<shape>), with its own weights."""
     import mlx.core as mx
@@ -35,7 +54,7 @@ def build_model(source: str, dtype=None):
         return model
     from .dummy import dummy_config, quantize_like_mlx_lm, random_weight_dict
 
-    config = dummy_config(source[len("dummy:"):])
+    config = _as_published(dummy_config(source[len("dummy:"):]))
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
     if "quantization" in config:
@@ -62,7 +81,7 @@ def main(argv=None) -> int:
     source, prompt_tokens, gen_tokens, runs, seed, *rest = (argv or sys.argv[1:])
     prompt_tokens, gen_tokens, runs, seed = int(prompt_tokens), int(gen_tokens), int(runs), int(seed)
     model = build_model(source, parse_dtype(rest[0]) if rest else None)
-    vocab = model.args.vocab_size
+    vocab = vocab_size(model.args)
     prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens), mx.int32)
 
     def steps(p, n):

@@ -54,7 +54,7 @@ def prefill(model, prompt: mx.array, cache, step_size: int, tracer=_NULL_TRACER)
     filling `cache`; returns the tokens still to be fed (by the first decode step)."""
     while prompt.size > step_size:
         with tracer.span("prefill", tokens=step_size, sync=True):
-            model.hidden(prompt[None, :step_size], cache=cache)
+            model.hidden(prompt[None, :step_size], cache=cache, layer_by_layer=True)
             mx.eval([c.state for c in cache])
         prompt = prompt[step_size:]
     return prompt
@@ -77,7 +77,9 @@ def decode_step(
     """
     with tracer.span(phase, tokens=int(inputs.size), sync=False):
         # (1, L, hidden) -> last position only -> logits (1, vocab)
-        logits = model.logits(model.hidden(inputs[None], cache=cache)[:, -1, :])
+        # a prompt's last chunk, like the others, a layer at a time; a decode step stays one graph
+        h = model.hidden(inputs[None], cache=cache, layer_by_layer=inputs.size > 1)
+        logits = model.logits(h[:, -1, :])
         for processor in processors:
             logits = processor(history, logits)
     with tracer.span("sample", sync=False):

@@ -44,3 +44,21 @@ def test_active_weights_count_top_k_experts():
     assert active_weight_bytes(model) == weight_bytes(model) - experts + experts * moe.top_k // moe.num_experts
     dense = load("dummy:tiny-qwen3")[0]
     assert active_weight_bytes(dense) == weight_bytes(dense)
+
+
+def test_mlx_lm_reads_the_dummy_configs_as_published():
+    from metalgen.bench_mlx_lm import _as_published, vocab_size
+    from metalgen.dummy import dummy_config
+
+    nxt = _as_published(dummy_config("tiny-qwen3-next"))
+    rope = nxt["rope_parameters"]
+    assert (nxt["rope_theta"], nxt["partial_rotary_factor"]) == (rope["rope_theta"], rope["partial_rotary_factor"])
+    assert "rope_theta" not in _as_published(dummy_config("tiny-qwen3.5"))  # mlx-lm reads qwen3_5's nested
+
+    class Wrapper:  # mlx-lm's Qwen3.5 ModelArgs: the text decoder's fields in text_config
+        text_config = {"vocab_size": 123}
+
+    class Flat:
+        vocab_size = 45
+
+    assert vocab_size(Wrapper()) == 123 and vocab_size(Flat()) == 45

@@ -92,7 +92,8 @@ def test_unit_lower_inverse_matches_numpy(C, block):
     A = np.tril(rng.standard_normal((2, 3, C, C)) * 0.4, -1).astype(np.float32)
     T = np.array(ref.unit_lower_inverse(mx.array(A), block))
     want = np.linalg.inv(np.eye(C) + A.astype(np.float64))
-    assert rel(T, want) < TOL32 / 10
+    # on the CPU the substitution is float32-exact but for the order of sums; TF32 on CUDA
+    assert rel(T, want) < (TOL32 / 10 if K.backend() == "cpu" else TOL32)
     assert np.all(np.triu(T, 1) == 0)
 
 

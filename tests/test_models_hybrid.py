@@ -106,6 +106,21 @@ def test_chunked_prefill_equals_single_pass(pair):
     assert one == chunked
 
 
+def test_layer_by_layer_equals_one_graph(pair):
+    # prompt chunks evaluate a layer at a time (generate.prefill): the same outputs and caches
+    _, ours = pair
+    ids = mx.array(np.random.default_rng(4).integers(0, 512, (1, 24)))
+    runs = []
+    for layer_by_layer in (False, True):
+        cache = make_prompt_cache(ours)
+        first = ours.hidden(ids, cache=cache, layer_by_layer=layer_by_layer)
+        more = ours.hidden(ids[:, :5], cache=cache, layer_by_layer=layer_by_layer)
+        runs.append([first, more] + [a for c in cache for a in c.state])
+    assert len(runs[1]) > 2
+    for a, b in zip(*runs):
+        assert np.array_equal(np.array(a), np.array(b))
+
+
 def test_saved_prompt_cache_continues_the_sequence(pair, tmp_path):
     _, ours = pair
     ids = np.random.default_rng(5).integers(0, 512, 30)

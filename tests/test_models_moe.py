@@ -138,6 +138,20 @@ def test_chunked_prefill_equals_single_pass(pair):
 # --- the MLX community layout (switch_mlp, optionally quantized) ----------------------------------
 
 
+def _skip_unless_mlx_runs_qmm(quantize):
+    """Skip where MLX's own float32 quantized product cannot run: on the 2026-11-23 H200 image its
+    CUDA JIT fails on `crt/mma.h` for the 4-bit sm90 kernel. The product under test is MLX's, in both
+    models compared, so the comparison means nothing there."""
+    if not quantize:
+        return
+    gs, bits = quantize
+    w, s, b = mx.quantize(mx.ones((64, 64)), group_size=gs, bits=bits)
+    try:
+        mx.eval(mx.quantized_matmul(mx.ones((1, 8, 64)), w, s, b, group_size=gs, bits=bits))
+    except RuntimeError as err:
+        pytest.skip(f"MLX's float32 {bits}-bit matmul does not run here: {str(err).splitlines()[0][:120]}")
+
+
 def _save_mlx_layout(model, config, folder, quantize=None):
     """Write `model` as mlx_lm.convert does: stacked switch_mlp experts, quantized with the routers
     at 8 bits (mlx-lm's qwen3_moe predicate) when `quantize` = (group_size, bits)."""
@@ -172,6 +186,8 @@ TINY = dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=3, num_att
 def test_mlx_layout_loads(tmp_path, quantize):
     from metalgen.dummy import random_weights
 
+    _skip_unless_mlx_runs_qmm(quantize)
+
     src = build_model(TINY)
     src.update(random_weights(src, seed=5, dtype=mx.float32))
     _save_mlx_layout(src, TINY, tmp_path, quantize)
@@ -195,6 +211,8 @@ def test_mlx_layout_matches_mlx_lm(tmp_path):
     # the same folder through mlx-lm's own loader: the same logits (both float32; TF32 on CUDA)
     mlx_lm = pytest.importorskip("mlx_lm")
     from metalgen.dummy import random_weights
+
+    _skip_unless_mlx_runs_qmm((64, 4))
 
     src = build_model(TINY)
     src.update(random_weights(src, seed=6, dtype=mx.float32))

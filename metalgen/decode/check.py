@@ -4,6 +4,7 @@ benchmarks/decode_check.py on a GPU with the fused and megakernel paths)."""
 
 from __future__ import annotations
 
+import copy
 from typing import List
 
 import mlx.core as mx
@@ -26,11 +27,12 @@ def prefill_random(model, prompt_tokens: int, seed: int = 0):
 
 def _teacher_forced(model, mode: str, prompt_tokens: int, steps: int, seed: int, model32=None):
     """Per step, fed the plain path's greedy tokens: (the fast path's logits, plain's, and
-    `model32`'s on the same tokens or None). One prefill serves plain and fast: make_step copies
-    the cache into the stacked layout, and plain goes on appending to its own."""
+    `model32`'s on the same tokens or None). One prefill serves plain and fast: the fast path gets
+    its own copies of the per-layer cache objects (the compiled path advances them in place; their
+    arrays are immutable, so sharing them is safe), and plain goes on with the originals."""
     logits, cache = prefill_random(model, prompt_tokens, seed)
     cache32 = prefill_random(model32, prompt_tokens, seed)[1] if model32 is not None else None
-    fast = make_step(model, cache, prompt_tokens, steps, mode)
+    fast = make_step(model, [copy.copy(c) for c in cache], prompt_tokens, steps, mode)
     if fast is None:
         raise RuntimeError(f"decode path {mode} is not available here")
     for _ in range(steps):

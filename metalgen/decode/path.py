@@ -1,6 +1,7 @@
 """Choosing the decode path, and the step function that generate_step runs after prefill.
 
-Modes: "plain" (the model's own MLX path, per-layer caches), "reference" (stacked weights, plain
+Modes: "plain" (the model's own MLX path, per-layer caches), "compiled" (the hybrid Gated DeltaNet
+stacks: the model's own layers traced by mx.compile, per-layer caches; "auto" on CUDA), "reference" (stacked weights, plain
 MLX ops: a check, not a speed-up), "fused" (decode_layer, one launch per phase), "megakernel"
 (CUDA: one launch per token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it
 was measured faster than plain, once it has passed its self-check on this model; plain on the CPU,
@@ -56,6 +57,10 @@ AUTO_V2 = {
 # MoE decoders (sparse layers) take the megakernel on CUDA after its self-check, whatever their sizes:
 # the plain path runs ~30 MLX operations a sparse layer (benchmarks/results/, docs/decode.md)
 AUTO_MOE = {"cuda"}
+# hybrid (Gated DeltaNet) stacks take the compiled path under "auto" on these backends
+# (2026-11-23, H200, Qwen3.5-35B-A3B 4-bit, prompt 128: 91.7 tok/s, plain 51.5, mlx-lm 44.0-50.2;
+# benchmarks/results/hybrid_h200_2026-11-23.txt)
+AUTO_COMPILED = {"cuda"}
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
 
 
@@ -154,7 +159,7 @@ def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[st
     the list of shapes "auto" takes a fast path for (the speech stacks keep their own)."""
     mode = mode or "auto"
     _check_mode(mode)
-    if mode == "plain":
+    if mode in ("plain", "compiled"):  # compiled: not a stacked decoder (make_step builds it)
         return None
     backend = K.backend()
     if mode == "auto":
@@ -215,11 +220,34 @@ def start_state(dec, cache, length: int, max_tokens: int) -> DecodeState:
     return dec.prepare(stacked_cache(w, cache, length, capacity))
 
 
+def takes_compiled(model, mode: Optional[str]) -> bool:
+    """Whether `mode` means the compiled path (metalgen.decode.compiled) for `model`: asked for by
+    name, or "auto" on a backend in AUTO_COMPILED for a stack the stacked paths do not carry."""
+    mode = mode or "auto"
+    _check_mode(mode)
+    if mode == "compiled":
+        if getattr(getattr(model, "spec", None), "hybrid", None) is None:
+            raise MetalgenError("the compiled decode path runs the hybrid (Gated DeltaNet) decoders only")
+        return True
+    return (mode == "auto" and K.backend() in AUTO_COMPILED
+            and getattr(getattr(model, "spec", None), "hybrid", None) is not None)
+
+
 def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = None
               ) -> Optional[Callable[[mx.array], mx.array]]:
     """After the plain prefill has filled `cache` with `length` positions: a function
     `step(token (1,) int32) -> logits (1, vocab)` on the chosen path, or None for the plain path.
-    Copies the cache once into the stacked layout (capacity for `max_tokens` more)."""
+    The stacked paths copy the cache once into their layout (capacity for `max_tokens` more); the
+    compiled path advances `cache` itself."""
+    if takes_compiled(model, mode):
+        from .compiled import CompiledDecoder, layer_steps, supports
+
+        if not supports(model, cache):
+            return None
+        entry = _entry(model)
+        if "compiled" not in entry:
+            entry["compiled"] = layer_steps(model, cache)
+        return CompiledDecoder(model, cache, entry["compiled"]).step
     dec = decoder_for(model, mode)
     if dec is None:
         return None
