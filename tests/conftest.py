@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -33,3 +34,16 @@ def copy_tokenizer(folder: Path) -> None:
     """Put the real Qwen tokenizer files into a checkpoint folder."""
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(ASSET_TOKENIZER / name, folder / name)
+
+
+@contextlib.contextmanager
+def mlx_jit_gap():
+    """Skip, not fail, where MLX's own CUDA JIT cannot build one of its kernels on this machine: on
+    the 2026-11-23 H200 image its 4-bit `qmm_sm90_*` kernels include `crt/mma.h`, which the CUDA
+    wheel there lacks. Only that message is turned into a skip; anything else still fails."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "crt/mma.h" in str(err):
+            pytest.skip(f"MLX's CUDA JIT cannot build its kernel here: {str(err).splitlines()[0][:100]}")
+        raise

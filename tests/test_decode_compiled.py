@@ -13,6 +13,8 @@ from metalgen.decode.path import AUTO_COMPILED, _entry, takes_compiled
 from metalgen.errors import MetalgenError
 from metalgen.generate import generate_step
 
+from conftest import mlx_jit_gap
+
 SHAPES = ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-qwen3.5-moe-4bit"]
 # bf16 random-weight models: two paths that round in other places (a fused elementwise kernel on
 # the GPU) differ by the bf16 noise; on the CPU the traced ops are the plain ones
@@ -21,7 +23,11 @@ TOL = 1e-5 if K.backend() == "cpu" else 2e-2
 
 @pytest.fixture(scope="module", params=SHAPES)
 def model(request):
-    return load(f"dummy:{request.param}")[0]
+    m = load(f"dummy:{request.param}")[0]
+    with mlx_jit_gap():  # prompts of the lengths the tests below run, through every layer
+        for n in (3, 4, 11, 21):
+            mx.eval(m(mx.arange(1, n + 1)[None]))
+    return m
 
 
 def test_logits_follow_the_plain_path(model):
