@@ -47,3 +47,23 @@ def mlx_jit_gap():
         if "crt/mma.h" in str(err):
             pytest.skip(f"MLX's CUDA JIT cannot build its kernel here: {str(err).splitlines()[0][:100]}")
         raise
+
+
+def check_layer_by_layer_equals_one_graph(model) -> None:
+    """Prompt chunks evaluate a layer at a time (generate.prefill): the same outputs and caches as one
+    graph, over a prompt and a continuation."""
+    import mlx.core as mx
+    import numpy as np
+
+    from metalgen.cache import make_prompt_cache
+
+    ids = mx.array(np.random.default_rng(4).integers(0, 512, (1, 24)))
+    runs = []
+    for layer_by_layer in (False, True):
+        cache = make_prompt_cache(model)
+        first = model.hidden(ids, cache=cache, layer_by_layer=layer_by_layer)
+        more = model.hidden(ids[:, :5], cache=cache, layer_by_layer=layer_by_layer)
+        runs.append([first, more] + [a for c in cache for a in c.state])
+    assert len(runs[1]) > 2
+    for a, b in zip(*runs):
+        assert np.array_equal(np.array(a), np.array(b))

@@ -83,3 +83,20 @@ def save_tiny_hf_model(folder: Path, model_type: str, seed: int = 0, packed: boo
             state.pop("lm_head.weight", None)
         save_file(state, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
     return model
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| over max |b|: the parity tests' measure."""
+    import numpy as np
+
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def saved_pair(tmp_path_factory, name: str, model_type: str, overrides: dict):
+    """A tiny checkpoint saved by transformers into a fresh folder named for the case, and ours loaded
+    from it: (the torch model, our model)."""
+    from metalgen.loading import load_model, read_config
+
+    folder = tmp_path_factory.mktemp(name.replace(".", "_"))
+    hf = save_tiny_hf_model(folder, model_type, **overrides)
+    return hf, load_model(folder, read_config(folder))

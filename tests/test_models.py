@@ -9,9 +9,9 @@ import mlx.core as mx
 
 from metalgen.cache import make_prompt_cache
 from metalgen.generate import generate_step
-from metalgen.loading import load_model, read_config
 
-from hf_checkpoints import save_tiny_hf_model
+from conftest import check_layer_by_layer_equals_one_graph
+from hf_checkpoints import rel_err, saved_pair
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -45,17 +45,9 @@ CASES = {
 }
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def pair(request, tmp_path_factory):
-    model_type, overrides = CASES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    hf = save_tiny_hf_model(folder, model_type, **overrides)
-    ours = load_model(folder, read_config(folder))
-    return hf, ours
+    return saved_pair(tmp_path_factory, request.param, *CASES[request.param])
 
 
 def test_logits_match_over_prompt_and_cached_decode(pair):
@@ -89,18 +81,7 @@ def test_greedy_continuation_identical(pair):
 
 
 def test_layer_by_layer_equals_one_graph(pair):
-    # prompt chunks evaluate a layer at a time (generate.prefill): the same outputs and caches
-    _, ours = pair
-    ids = mx.array(np.random.default_rng(4).integers(0, 512, (1, 24)))
-    runs = []
-    for layer_by_layer in (False, True):
-        cache = make_prompt_cache(ours)
-        first = ours.hidden(ids, cache=cache, layer_by_layer=layer_by_layer)
-        more = ours.hidden(ids[:, :5], cache=cache, layer_by_layer=layer_by_layer)
-        runs.append([first, more] + [a for c in cache for a in c.state])
-    assert len(runs[1]) > 2
-    for a, b in zip(*runs):
-        assert np.array_equal(np.array(a), np.array(b))
+    check_layer_by_layer_equals_one_graph(pair[1])
 
 
 def test_chunked_prefill_equals_single_pass(pair):

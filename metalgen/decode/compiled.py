@@ -21,7 +21,7 @@ class CompiledDecoder:
     """One token's step over per-layer caches, layer functions compiled (see the module doc)."""
 
     def __init__(self, model, cache: List, steps: List):
-        """`steps`: `layer_steps(model)`, made once per model (tracing is paid once, not per call)."""
+        """`steps`: `layer_steps(model, cache)`, made once per model (tracing is paid once, not per call)."""
         self.model = model
         self.cache = cache
         self.steps = steps
@@ -30,13 +30,12 @@ class CompiledDecoder:
         """token (1,) int32 -> final-norm hidden state (1, 1, hidden); advances every cache."""
         inner = self.model.model
         h = inner.embed_tokens(token[None])  # (1, 1, hidden)
-        for (kind, fn), c in zip(self.steps, self.cache):
-            if kind == "linear":
+        for layer, fn, c in zip(inner.layers, self.steps, self.cache):
+            if isinstance(c, LinearAttnCache):
                 h, c.conv_state, c.recurrent = fn(h, c.conv_state, c.recurrent)
                 c.offset += 1
-            else:
-                layer, ffn = fn
-                h = ffn(h + layer.self_attn(layer.input_layernorm(h), None, c))
+            else:  # fn: the feed-forward half
+                h = fn(h + layer.self_attn(layer.input_layernorm(h), None, c))
         return inner.norm(h)
 
     def step(self, token: mx.array) -> mx.array:
@@ -45,23 +44,18 @@ class CompiledDecoder:
 
 
 def layer_steps(model, cache: List) -> List:
-    """Per layer ("linear", compiled step) or ("attention", (layer, compiled feed-forward half)),
-    after one uncompiled one-token pass through each kind, its results dropped: a kernel checks
-    itself eagerly on its first use (kernels_metal.gpu), which cannot happen inside a trace."""
-    inner = model.model
-    x = inner.embed_tokens(mx.zeros((1, 1), mx.int32))
+    """Per layer, compiled: a linear layer's whole step, an attention layer's feed-forward half. Each
+    kind first runs one uncompiled one-token pass, its results dropped: a kernel checks itself eagerly
+    on its first use (kernels_metal.gpu), which cannot happen inside a trace."""
+    x = model.model.embed_tokens(mx.zeros((1, 1), mx.int32))
     steps, warm = [], set()
-    for layer, c in zip(inner.layers, cache):
-        if isinstance(c, LinearAttnCache):
-            if "linear" not in warm:
-                mx.eval(_linear_step(layer)(x, c.conv_state, c.recurrent))
-                warm.add("linear")
-            steps.append(("linear", mx.compile(_linear_step(layer))))
-        else:
-            if "attention" not in warm:
-                mx.eval(_feed_forward(layer)(x))
-                warm.add("attention")
-            steps.append(("attention", (layer, mx.compile(_feed_forward(layer)))))
+    for layer, c in zip(model.model.layers, cache):
+        linear = isinstance(c, LinearAttnCache)
+        fn = _linear_step(layer) if linear else _feed_forward(layer)
+        if linear not in warm:
+            mx.eval(fn(x, c.conv_state, c.recurrent) if linear else fn(x))
+            warm.add(linear)
+        steps.append(mx.compile(fn))
     return steps
 
 
@@ -82,14 +76,8 @@ def _feed_forward(layer):
     return ffn
 
 
-def supports(model, cache) -> bool:
-    """Whether the compiled path can take over these caches: a hybrid stack, batch 1, every linear
-    layer's state already made by prefill (the traced function takes arrays, not None)."""
-    spec = getattr(model, "spec", None)
-    if spec is None or spec.hybrid is None or cache is None:
-        return False
-    for c in cache:
-        if isinstance(c, LinearAttnCache) and (c.conv_state is None or c.recurrent is None
-                                               or c.recurrent.shape[0] != 1):
-            return False
-    return True
+def supports(cache) -> bool:
+    """Whether the compiled path can take over these caches (of a hybrid stack): batch 1, every
+    linear layer's state already made by prefill (the traced function takes arrays, not None)."""
+    return all(c.conv_state is not None and c.recurrent is not None and c.recurrent.shape[0] == 1
+               for c in cache if isinstance(c, LinearAttnCache))

@@ -225,12 +225,10 @@ def takes_compiled(model, mode: Optional[str]) -> bool:
     name, or "auto" on a backend in AUTO_COMPILED for a stack the stacked paths do not carry."""
     mode = mode or "auto"
     _check_mode(mode)
-    if mode == "compiled":
-        if getattr(getattr(model, "spec", None), "hybrid", None) is None:
-            raise MetalgenError("the compiled decode path runs the hybrid (Gated DeltaNet) decoders only")
-        return True
-    return (mode == "auto" and K.backend() in AUTO_COMPILED
-            and getattr(getattr(model, "spec", None), "hybrid", None) is not None)
+    hybrid = getattr(getattr(model, "spec", None), "hybrid", None) is not None
+    if mode == "compiled" and not hybrid:
+        raise MetalgenError("the compiled decode path runs the hybrid (Gated DeltaNet) decoders only")
+    return hybrid and (mode == "compiled" or (mode == "auto" and K.backend() in AUTO_COMPILED))
 
 
 def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = None
@@ -242,7 +240,7 @@ def make_step(model, cache, length: int, max_tokens: int, mode: Optional[str] = 
     if takes_compiled(model, mode):
         from .compiled import CompiledDecoder, layer_steps, supports
 
-        if not supports(model, cache):
+        if not supports(cache):
             return None
         entry = _entry(model)
         if "compiled" not in entry:

@@ -27,7 +27,6 @@ from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
-from ..models.layers import QuantizedLinear
 from ..models.moe import EXPERT_BITS, EXPERT_GROUP_SIZES, stack_sparse_layers
 
 

@@ -195,7 +195,7 @@ class DecoderModel(nn.Module):
                 h = layer(h, mask, layer_cache, position_ids)
             if layer_by_layer:
                 # the cache's new state with the output: a state left lazy would keep its inputs
-                mx.async_eval(h, *([] if layer_cache is None else [layer_cache.state]))
+                mx.async_eval(h, [] if layer_cache is None else layer_cache.state)
                 if queued is not None:
                     mx.eval(queued)
                 queued = h
