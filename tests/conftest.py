@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# float32 is float32 in these tests on every backend: MLX's CUDA backend otherwise runs float32 matmuls
+# on TF32 tensor cores (10-bit mantissa inputs), and on tiny random checkpoints that rounding grows
+# through the layers to 1e-1 of the logits and flips MoE routing (H200, 2026-11-24:
+# benchmarks/results/hybrid_h200_2026-11-24.txt). Set before MLX is imported, which reads it.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "metalgen" / "assets" / "qwen3-tokenizer"
 
