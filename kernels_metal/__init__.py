@@ -19,6 +19,7 @@ __all__ = [
     "backend",
     "set_verbose",
     "gated_delta",
+    "gated_delta_conv_step",
     "rms_norm",
     "add_rms_norm",
     "rope_table",
@@ -117,7 +118,13 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 def rope(x, table, offset):
-    """Standard (rotate_half) RoPE of x (B, H, L, D) at positions offset .. offset+L-1."""
+    """Standard (rotate_half) RoPE of x (B, H, L, D) at positions offset .. offset+L-1. `offset` an
+    int, or an int32 scalar array: then MLX's built-in serves it, whose `mx.compile` trace takes the
+    position as an input and so serves every position (decode/compiled.py)."""
+    if isinstance(offset, mx.array):
+        from . import cpu
+
+        return cpu.rope(x, table, offset)
     return _impl_for("rope").rope(x, table, int(offset))
 
 
@@ -170,3 +177,13 @@ def gated_delta(q, k, v, g, beta, state=None):
     one fused kernel on a GPU, every value head in one launch; a prompt takes the chunked form
     (reference.gated_delta_chunked), equal to the token-by-token recurrence up to float32 rounding."""
     return _impl_for("gated_delta").gated_delta(q, k, v, g, beta, state)
+
+
+def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state):
+    """One decode token of a Gated DeltaNet layer from its input projections (reference.gated_delta_conv_step):
+    mixed (B, 1, C) = [q | k | v] projected, conv_state (B, taps, C), conv_weight (C, taps + 1, 1), a, b
+    (B, 1, Hv), A_log, dt_bias (Hv,), state (B, Hv, Dk, Dv) float32 -> (out (B, 1, Hv, Dv) in mixed's
+    dtype, new conv state, new state). On a GPU one launch (gated_delta_conv_step): the conv, SiLU, the
+    gates and the delta rule, where the unfused step is a dozen dispatches."""
+    return _impl_for("gated_delta_conv_step").gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log,
+                                                                    dt_bias, state)

@@ -24,11 +24,13 @@ def rope(x, table, offset):
     # 1 / inv_freq and rotates linearly, so the scale multiplies the result. Its angle is computed
     # in float32 (as Hugging Face computes it), the table's in float64: they differ by about
     # pos * 6e-8 radians.
+    # offset: an int, or an int32 scalar array (its bound is the caller's: generation checks the
+    # context before decoding)
     L = x.shape[-2]
-    if offset + L > table.max_positions:
+    if not isinstance(offset, mx.array) and offset + L > table.max_positions:
         raise ValueError(f"rope: positions up to {offset + L} exceed the table ({table.max_positions})")
     freqs = _periods(table)
-    y = mx.fast.rope(x, table.dims, traditional=False, base=None, scale=1.0, offset=int(offset), freqs=freqs)
+    y = mx.fast.rope(x, table.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=freqs)
     if table.attention_scale != 1.0:
         y = (y.astype(mx.float32) * table.attention_scale).astype(x.dtype)
     return y
@@ -129,6 +131,10 @@ def nn_silu(x):
 
 def moe_pack(inds, num_experts, block):
     return ref.moe_pack(inds, num_experts, block)
+
+
+def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state):
+    return ref.gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state)
 
 
 def gated_delta(q, k, v, g, beta, state=None):

@@ -53,7 +53,7 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
 ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
-                           "gated_delta"})
+                           "gated_delta", "gated_delta_conv_step"})
 # (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
 # delta rule has no built-in: its decode step is the kernel, a prompt the chunked MLX form)
 
@@ -595,3 +595,32 @@ def gated_delta(q, k, v, g, beta, state=None):
                           grid=(groups * 32 * nw, 1, 1), threadgroup=(32 * nw, 1, 1),
                           output_shapes=[(B, 1, Hv, Dv), (B, Hv, Dk, Dv)], output_dtypes=[v.dtype, mx.float32])
     return out, new_state
+
+
+def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state):
+    B, L, C = mixed.shape
+    Hv, Dk, Dv = state.shape[1:]
+    Hk = (C - Hv * Dv) // (2 * Dk)
+    taps = conv_state.shape[1]
+
+    def fb():  # in the kernel's output order: out, state, conv state
+        out, conv, new_state = ref.gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state)
+        return out, new_state, conv
+
+    T = mixed.dtype
+    if (L != 1 or T not in _GPU_DTYPES or Hk < 1 or 2 * Hk * Dk + Hv * Dv != C or Hv % Hk or Dk > GATED_DELTA_MAX_DIM
+            or Dv > GATED_DELTA_MAX_DIM or Dv % 32 or state.dtype != mx.float32 or B == 0 or taps < 1
+            or tuple(conv_state.shape) != (B, taps, C) or tuple(conv_weight.shape) != (C, taps + 1, 1)):
+        out, new_state, conv = fb()
+        return out, conv, new_state
+    nw = gated_delta_warps(Dk)
+    # (the small per-head vectors in T: a cast is a dispatch of its own, paid only where they differ)
+    same = [t if t.dtype == T else t.astype(T) for t in (conv_state, conv_weight, a, b, A_log, dt_bias)]
+    cstate, cw, a_in, b_in, alog, dtb = same
+    out, new_state, new_conv = _run(
+        "gated_delta_conv_step", (T, Dk, Dv, taps), fb,
+        inputs=[mixed, cstate, cw.reshape(C, taps + 1), a_in, b_in, alog, dtb, state, _i32(Hk, Hv)],
+        template=[("T", T), ("DK", Dk), ("DV", Dv), ("NW", nw), ("KC", taps + 1)],
+        grid=(B * Hv * (Dv // 32) * 32 * nw, 1, 1), threadgroup=(32 * nw, 1, 1),
+        output_shapes=[(B, 1, Hv, Dv), (B, Hv, Dk, Dv), (B, taps, C)], output_dtypes=[T, mx.float32, T])
+    return out, new_conv, new_state

@@ -39,6 +39,7 @@ __all__ = [
     "moe_combine",
     "moe_pack",
     "gated_delta_recurrent",
+    "gated_delta_conv_step",
     "gated_delta_chunked",
     "unit_lower_inverse",
 ]
@@ -459,6 +460,32 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None):
         S = S + kt * delta[:, :, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
     return mx.stack(outs, axis=2).transpose(0, 2, 1, 3).astype(out_dtype), S
+
+
+def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state):
+    """One decode token of a Gated DeltaNet layer from its input projections: the causal depthwise
+    conv over the cached taps and the new token, SiLU, the gates, the gated delta rule.
+    mixed (B, 1, C) the projected [q (Hk Dk) | k (Hk Dk) | v (Hv Dv)], conv_state (B, taps, C) the
+    last `taps` inputs (oldest first) in mixed's dtype, conv_weight (C, taps + 1, 1) (MLX layout),
+    a, b (B, 1, Hv) the raw decay and write-strength projections, A_log, dt_bias (Hv,), state
+    (B, Hv, Dk, Dv) float32. The conv sums in float32 and rounds to mixed's dtype, SiLU in that dtype;
+    beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) in float32.
+    Returns (out (B, 1, Hv, Dv) in mixed's dtype, the new conv state, the new state)."""
+    B, _, C = mixed.shape
+    Hv, Dk, Dv = state.shape[1:]
+    Hk = (C - Hv * Dv) // (2 * Dk)
+    window = mx.concatenate([conv_state.astype(mixed.dtype), mixed], axis=1)  # (B, taps + 1, C)
+    w = conv_weight[..., 0].T.astype(mx.float32)  # (C, taps + 1, 1) -> (taps + 1, C)
+    x = (window.astype(mx.float32) * w).sum(axis=1, keepdims=True).astype(mixed.dtype)
+    x = x * mx.sigmoid(x)  # SiLU, (B, 1, C)
+    kd = Hk * Dk
+    q = x[..., :kd].reshape(B, 1, Hk, Dk)
+    k = x[..., kd:2 * kd].reshape(B, 1, Hk, Dk)
+    v = x[..., 2 * kd:].reshape(B, 1, Hv, Dv)
+    beta = mx.sigmoid(b.astype(mx.float32))
+    g = -mx.exp(A_log.astype(mx.float32)) * mx.logaddexp(a.astype(mx.float32) + dt_bias.astype(mx.float32), 0.0)
+    out, new_state = gated_delta_recurrent(q, k, v, g, beta, state)
+    return out, window[:, 1:, :], new_state
 
 
 GATED_DELTA_CHUNK = 64

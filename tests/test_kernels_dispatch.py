@@ -56,6 +56,10 @@ def test_rope_and_mrope(scale):
     assert rel(K.rope(x, t, 1000), ref.rope(x, t, 1000)) < 1e-3
     xb = x.astype(mx.bfloat16)
     assert rel(K.rope(xb, t, 7), ref.rope(xb, t, 7)) < 1e-2
+    # the position as an array (the compiled decode path's one trace for every position)
+    at = mx.compile(lambda x, pos: K.rope(x, t, pos))
+    for pos in (7, 1000):
+        assert rel(at(x, mx.array(pos, mx.int32)), ref.rope(x, t, pos)) < 1e-3
     pid = mx.array(RNG.integers(0, 4096, (3, 2, 5)))
     for inter in (False, True):
         assert rel(K.mrope(x, t, pid, [16, 8, 8], inter), ref.mrope(x, t, pid, (16, 8, 8), inter)) < 1e-6

@@ -198,6 +198,51 @@ def test_gpu_entry_falls_back_with_the_right_shapes(monkeypatch):
     assert rel(gpu.gated_delta(*prompt)[0], ref.gated_delta_chunked(*prompt)[0]) == 0 and not gpu.status()
 
 
+def conv_step_inputs(B, Hk, Hv, Dk, Dv, seed, dtype=mx.float32, taps=3):
+    rng = np.random.default_rng(seed)
+
+    def a(*s, scale=1.0):
+        return mx.array((rng.standard_normal(s) * scale).astype(np.float32))
+
+    C = 2 * Hk * Dk + Hv * Dv
+    return (a(B, 1, C).astype(dtype), a(B, taps, C).astype(dtype), a(C, taps + 1, 1, scale=0.5).astype(dtype),
+            a(B, 1, Hv).astype(dtype), a(B, 1, Hv).astype(dtype), a(Hv, scale=0.5).astype(dtype),
+            a(Hv).astype(dtype), a(B, Hv, Dk, Dv) * 0.1)
+
+
+def test_conv_step_is_the_conv_then_the_rule():
+    # against the prompt path's pieces: mx.conv1d over the window, SiLU, numpy's gates, the recurrence
+    B, Hk, Hv, Dk, Dv = 2, 2, 4, 16, 32
+    mixed, cstate, w, a, b, A_log, dt_bias, S0 = conv_step_inputs(B, Hk, Hv, Dk, Dv, seed=3)
+    out, conv, S = ref.gated_delta_conv_step(mixed, cstate, w, a, b, A_log, dt_bias, S0)
+    window = mx.concatenate([cstate, mixed], axis=1)
+    x = mx.conv1d(window, w, groups=mixed.shape[-1])
+    x = x * mx.sigmoid(x)
+    kd = Hk * Dk
+    q, k, v = x[..., :kd].reshape(B, 1, Hk, Dk), x[..., kd:2 * kd].reshape(B, 1, Hk, Dk), x[..., 2 * kd:].reshape(B, 1, Hv, Dv)
+    an, dn = np.array(a, dtype=np.float64), np.array(dt_bias, dtype=np.float64)
+    g = -np.exp(np.array(A_log, dtype=np.float64)) * np.log1p(np.exp(an + dn))
+    beta = 1 / (1 + np.exp(-np.array(b, dtype=np.float64)))
+    want, want_S = numpy_rule(q, k, v, mx.array(g.astype(np.float32)), mx.array(beta.astype(np.float32)), S0)
+    assert rel(out, want) < 1e-5 and rel(S, want_S) < 1e-5
+    assert np.array_equal(np.array(conv), np.array(window[:, 1:]))
+
+
+def test_conv_step_entry_falls_back_with_the_right_shapes(monkeypatch):
+    monkeypatch.setattr(gpu, "_STATUS", {})
+    x = conv_step_inputs(2, 2, 4, 64, 64, seed=4, dtype=mx.bfloat16)
+    got, want = gpu.gated_delta_conv_step(*x), ref.gated_delta_conv_step(*x)
+    assert [t.shape for t in got] == [(2, 1, 4, 64), (2, 3, 2 * 2 * 64 + 4 * 64), (2, 4, 64, 64)]
+    assert [t.dtype for t in got] == [mx.bfloat16, mx.bfloat16, mx.float32]
+    # on the CPU this is the reference itself; on a GPU the kernel keeps the conv output in float32
+    # where the reference rounds it to bf16, so the float32 state differs at bf16's precision
+    assert rel(f32(got[0]), f32(want[0])) < 1e-2 and rel(got[2], want[2]) < (1e-5 if mx.default_device() == mx.cpu else 1e-2)
+    assert ("gated_delta_conv_step", (mx.bfloat16, 64, 64, 3)) in gpu.status()
+    gpu._STATUS.clear()
+    odd = conv_step_inputs(1, 1, 2, 16, 24, seed=4)  # Dv not a multiple of 32: never the kernel
+    assert rel(gpu.gated_delta_conv_step(*odd)[0], ref.gated_delta_conv_step(*odd)[0]) == 0 and not gpu.status()
+
+
 NVCC = shutil.which("nvcc")
 
 
@@ -361,3 +406,24 @@ def test_decode_kernel_steps_follow_the_float64_rule():
     want, want_S = numpy_rule(*x)
     assert rel(mx.concatenate(outs, axis=1), want) < 1e-4 and rel(s, want_S) < 1e-4
     assert gpu.status()[("gated_delta_step", (mx.float32, 128, 128))] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Hk,Hv,Dk,Dv,taps,dtype", [
+    (1, 16, 16, 128, 128, 3, mx.bfloat16),  # Qwen3.5-0.8B
+    (1, 16, 32, 128, 128, 3, mx.bfloat16),  # Qwen3.5-4B, Qwen3.5-35B-A3B
+    (2, 2, 4, 64, 64, 3, mx.float32),  # the tiny hybrid shapes
+    (1, 4, 4, 128, 128, 1, mx.float16),
+    (3, 1, 2, 256, 64, 2, mx.float32),
+])
+def test_conv_step_kernel_matches_the_reference(B, Hk, Hv, Dk, Dv, taps, dtype):
+    key = ("gated_delta_conv_step", (dtype, Dk, Dv, taps))
+    gpu._STATUS.pop(key, None)
+    x = conv_step_inputs(B, Hk, Hv, Dk, Dv, seed=Dk + Hv + taps, dtype=dtype, taps=taps)
+    out, conv, S = gpu.gated_delta_conv_step(*x)
+    assert gpu.status()[key] is True  # the kernel ran
+    want, want_conv, want_S = ref.gated_delta_conv_step(*x)
+    assert out.dtype == conv.dtype == dtype and S.dtype == mx.float32
+    assert np.array_equal(f32(conv), f32(want_conv))
+    assert rel(f32(out), f32(want)) < (1e-4 if dtype == mx.float32 else 2e-2)
+    assert rel(S, want_S) < (1e-4 if dtype == mx.float32 else 2e-2)

@@ -136,10 +136,29 @@ class GatedDeltaNet(nn.Module):
         out = mx.conv1d(window, self.conv1d.weight.astype(mixed.dtype), groups=mixed.shape[-1])
         return nn.silu(out)
 
+    def _step(self, mixed: mx.array, b: mx.array, a: mx.array, cache) -> mx.array:
+        """One token with a cache: the conv, its state, the gates and the delta rule in one call
+        (one kernel on a GPU); the first token of a fresh cache starts from zero states."""
+        s = self.spec
+        B = mixed.shape[0]
+        conv_state = cache.conv_state
+        if conv_state is None:
+            conv_state = mx.zeros((B, s.conv_kernel - 1, s.conv_dim), mixed.dtype)
+        state = cache.recurrent
+        if state is None:
+            state = mx.zeros((B, s.num_value_heads, s.key_head_dim, s.value_head_dim), mx.float32)
+        o, cache.conv_state, cache.recurrent = K.gated_delta_conv_step(
+            mixed, conv_state, self.conv1d.weight, a, b, self.A_log, self.dt_bias, state)
+        cache.offset += 1
+        return o  # (B, 1, Hv, Dv)
+
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         s = self.spec
         B, L, _ = x.shape
         mixed, z, b, a = self._project(x)
+        if L == 1 and cache is not None and s.conv_kernel > 1:
+            o = self.norm(self._step(mixed, b, a, cache), z).reshape(B, L, s.value_dim)
+            return self.out_proj(o)
         mixed = self._conv(mixed, cache)
         q = mixed[..., :s.key_dim].reshape(B, L, s.num_key_heads, s.key_head_dim)
         k = mixed[..., s.key_dim:2 * s.key_dim].reshape(B, L, s.num_key_heads, s.key_head_dim)

@@ -106,13 +106,16 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(d, spec.rms_norm_eps)
         self._rope = rope
 
-    def _turn(self, x: mx.array, offset: int) -> mx.array:
+    def turn(self, x: mx.array, offset) -> mx.array:
+        """RoPE on the first rotary_dims of each head of x (B, heads, L, D) at positions offset ..;
+        `offset` an int or an int32 scalar array (kernels_metal.rope)."""
         r = self.rotary_dims
         if r == self.head_dim:
             return self._rope(x, offset)
         return mx.concatenate([self._rope(x[..., :r], offset), x[..., r:]], axis=-1)
 
-    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+    def project(self, x: mx.array) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
+        """x (B, L, hidden) -> q, k (normed, not yet turned), v: (B, heads, L, D); gate (B, L, heads * D)."""
         B, L, _ = x.shape
         d = self.head_dim
         # (B, L, heads * 2D) -> (B, L, heads, 2D): each head's query, then its gate
@@ -123,11 +126,20 @@ class GatedAttention(nn.Module):
         v = self.v_proj(x).reshape(B, L, self.n_kv_heads, d)
         # -> (B, heads, L, D)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        offset = cache.offset if cache is not None else 0
-        q, k = self._turn(q, offset), self._turn(k, offset)
+        return q, k, v, gate
+
+    def output(self, o: mx.array, gate: mx.array) -> mx.array:
+        """The attention output o (B, heads, L, D), gated, through o_proj -> (B, L, hidden)."""
+        B, _, L, _ = o.shape
         # (B, heads, L, D) -> (B, L, heads * D)
-        o = attend(q, k, v, self.scale, mask, cache).transpose(0, 2, 1, 3).reshape(B, L, -1)
+        o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(o * mx.sigmoid(gate))
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        q, k, v, gate = self.project(x)
+        offset = cache.offset if cache is not None else 0
+        q, k = self.turn(q, offset), self.turn(k, offset)
+        return self.output(attend(q, k, v, self.scale, mask, cache), gate)
 
 
 class HybridLayer(nn.Module):
