@@ -222,7 +222,7 @@ def load_dummy(shape: str, dtype=None):
     """Build `dummy:<shape>`: returns (model, tokenizer), bf16 unless `dtype` says otherwise. The
     weights are made (and MoE experts stacked across layers) a layer at a time, so that memory holds
     the model once."""
-    from .loading import load_tokenizer
+    from .loading import finish_loading, load_tokenizer
 
     config = dummy_config(shape)
     model = build_model(config)
@@ -231,6 +231,5 @@ def load_dummy(shape: str, dtype=None):
     weights = random_weight_dict(model, dtype=dtype or mx.bfloat16)
     weights = model.pack_weights(weights)
     model.load_weights(list(weights.items()), strict=True)
-    model.eval()
-    mx.eval(model.parameters())
+    finish_loading(model)
     return model, load_tokenizer(tokenizer_folder(), config["eos_token_ids"])

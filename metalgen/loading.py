@@ -209,6 +209,15 @@ def load_weights_strict(module: nn.Module, folder: Path, dtype=None, quantizatio
     if pack is not None:  # MoE experts stacked across layers, a layer at a time
         weights = pack(weights)
     module.load_weights(list(weights.items()), strict=True)
+    finish_loading(module)
+
+
+def finish_loading(module: nn.Module) -> None:
+    """After the weights are in: the module's own fusions (`fuse_projections`, hybrid stacks), eval
+    mode, every parameter evaluated."""
+    fuse = getattr(module, "fuse_projections", None)
+    if fuse is not None:
+        fuse()
     module.eval()
     mx.eval(module.parameters())
 

@@ -17,9 +17,12 @@ import metalgen
 from metalgen.cache import KVCache, LinearAttnCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 from metalgen.errors import MetalgenError
 from metalgen.generate import generate_step
+from metalgen.dummy import dummy_config, quantize_like_mlx_lm, random_weight_dict
 from metalgen.loading import load_model, read_config
+from metalgen.models import build_model
+from metalgen.models.layers import Linear, fuse_linears
 
-from conftest import check_layer_by_layer_equals_one_graph, copy_tokenizer
+from conftest import check_layer_by_layer_equals_one_graph, copy_tokenizer, mlx_jit_gap
 from hf_checkpoints import rel_err, save_tiny_hf_model, saved_pair
 
 torch = pytest.importorskip("torch")
@@ -154,12 +157,57 @@ def test_mlx_layout_loads_as_saved(tmp_path):
     ours = load_model(tmp_path / "hf", read_config(tmp_path / "hf"))
     folder = tmp_path / "mlx"
     folder.mkdir()
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(ours.parameters())))
+    mx.save_safetensors(str(folder / "model.safetensors"), ours.checkpoint_parameters())
     (folder / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
     copy_tokenizer(folder)
     again, _ = metalgen.load(str(folder))
     ids = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
     assert np.array_equal(np.array(again(ids)), np.array(ours(ids)))
+
+
+# --- fused projections --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-qwen3.5-4bit", "tiny-qwen3-next-8bit"])
+def test_fused_projections_compute_what_the_parts_did(shape):
+    # each layer's projections of one input become one layer; the logits stay those of the parts
+    config = dummy_config(shape)
+    model = build_model(config)
+    if "quantization" in config:
+        quantize_like_mlx_lm(model, config)
+    model.load_weights(list(random_weight_dict(model, seed=3, dtype=mx.float32).items()), strict=True)
+    names = {k for k, _ in tree_flatten(model.parameters())}
+    # quantized: one token (MLX's quantized GEMV; its GEMM does not build on every CUDA image)
+    ids = mx.array([[3]]) if "quantization" in config else mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with mlx_jit_gap():
+        before = np.array(model(ids))
+    model.fuse_projections()
+    lin = next(y for y in model.model.layers if "linear_attn" in y)
+    att = next(y for y in model.model.layers if "self_attn" in y)
+    assert "in_proj" in lin.linear_attn and "in_proj_qkv" not in lin.linear_attn and "in_proj_ba" not in lin.linear_attn
+    assert "qkv_proj" in att.self_attn and "q_proj" not in att.self_attn
+    if shape.startswith("tiny-qwen3.5"):  # dense MLPs (Qwen3-Next's are sparse)
+        assert "gate_up_proj" in lin.mlp and "gate_proj" not in lin.mlp
+    if "quantization" in config:
+        assert type(lin.linear_attn.in_proj).__name__ == "QuantizedLinear"
+    assert rel_err(np.array(model(ids)), before) < 1e-5
+    # the checkpoint's names and shapes come back, as an MLX conversion stores them
+    flat = model.checkpoint_parameters()
+    assert set(flat) == names
+    fresh = build_model(config)
+    if "quantization" in config:
+        quantize_like_mlx_lm(fresh, config)
+    assert all(flat[k].shape == v.shape for k, v in tree_flatten(fresh.parameters()))
+
+
+def test_parts_that_differ_stay_apart():
+    a, b = Linear(64, 8, bias=False), Linear(64, 8, bias=True)
+    assert fuse_linears([a, b]) is None
+    q4, q8 = a.to_quantized(group_size=64, bits=4), Linear(64, 8, bias=False).to_quantized(group_size=64, bits=8)
+    assert fuse_linears([q4, q8]) is None
+    assert fuse_linears([q4, a]) is None
+    fused = fuse_linears([a, Linear(64, 4, bias=False)])
+    assert fused.weight.shape == (12, 64)
 
 
 def test_norms_take_one_plus_weight_from_hugging_face(tmp_path):

@@ -26,7 +26,7 @@ import mlx.nn as nn
 import kernels_metal as K
 
 from ..errors import MetalgenError
-from .layers import Linear
+from .layers import Linear, fuse_parts, split_last
 
 LAYOUTS = ("qkvz", "split")  # Qwen3-Next's per-key-head packing, Qwen3.5's separate projections
 
@@ -102,22 +102,47 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(s.value_head_dim, eps)
         self.out_proj = Linear(s.value_dim, hidden_size, bias=False)
 
+    def _input_names(self) -> Tuple[str, ...]:
+        """The checkpoint's input projections, in the order fuse_projections concatenates them."""
+        if self.spec.layout == "split":
+            return ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        return ("in_proj_qkvz", "in_proj_ba")
+
+    def _input_sizes(self) -> Tuple[int, ...]:
+        s = self.spec
+        if s.layout == "split":
+            return (s.conv_dim, s.value_dim, s.num_value_heads, s.num_value_heads)
+        return (2 * s.key_dim + 2 * s.value_dim, 2 * s.num_value_heads)
+
+    def fusions(self):
+        """(fused name, the checkpoint's names, their output sizes) of fuse_projections."""
+        return [("in_proj", self._input_names(), self._input_sizes())]
+
+    def fuse_projections(self) -> None:
+        """The input projections (all read the same x) as one `in_proj`, one matmul instead of two
+        or four; unchanged where they cannot be fused (layers.fuse_linears)."""
+        fuse_parts(self, "in_proj", self._input_names())
+
     def _project(self, x: mx.array) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
         """(mixed q|k|v (B, L, conv_dim), z (B, L, Hv, Dv), b (B, L, Hv), a (B, L, Hv))."""
         s = self.spec
         B, L, _ = x.shape
+        if "in_proj" in self:
+            outs = split_last(self.in_proj(x), self._input_sizes())
+        else:
+            outs = [self[n](x) for n in self._input_names()]
         if s.layout == "split":
-            z = self.in_proj_z(x).reshape(B, L, s.num_value_heads, s.value_head_dim)
-            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z, b, a = outs
+            return qkv, z.reshape(B, L, s.num_value_heads, s.value_head_dim), b, a
         hk, r, dk, dv = s.num_key_heads, s.num_value_heads // s.num_key_heads, s.key_head_dim, s.value_head_dim
         # (B, L, Hk, [q Dk | k Dk | v r*Dv | z r*Dv]) per key head
-        qkvz = self.in_proj_qkvz(x).reshape(B, L, hk, 2 * dk + 2 * r * dv)
+        qkvz = outs[0].reshape(B, L, hk, 2 * dk + 2 * r * dv)
         q = qkvz[..., :dk].reshape(B, L, s.key_dim)
         k = qkvz[..., dk:2 * dk].reshape(B, L, s.key_dim)
         v = qkvz[..., 2 * dk:2 * dk + r * dv].reshape(B, L, s.value_dim)
         z = qkvz[..., 2 * dk + r * dv:].reshape(B, L, s.num_value_heads, dv)
         # (B, L, Hk, [b r | a r]) per key head -> (B, L, Hv) each
-        ba = self.in_proj_ba(x).reshape(B, L, hk, 2 * r)
+        ba = outs[1].reshape(B, L, hk, 2 * r)
         b = ba[..., :r].reshape(B, L, s.num_value_heads)
         a = ba[..., r:].reshape(B, L, s.num_value_heads)
         return mx.concatenate([q, k, v], axis=-1), z, b, a

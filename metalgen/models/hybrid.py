@@ -17,12 +17,13 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..cache import KVCache, LinearAttnCache
 from ..errors import MetalgenError
 from .decoder import CausalLM, DecoderModel, DecoderSpec, attend
 from .gated_delta import GatedDeltaNet, LinearAttnSpec
-from .layers import MLP, Linear, RMSNorm
+from .layers import MLP, Linear, RMSNorm, fuse_parts, split_last, unfuse_parts
 from .moe import SparseMoeBlock
 from .rope import RoPE
 
@@ -114,16 +115,33 @@ class GatedAttention(nn.Module):
             return self._rope(x, offset)
         return mx.concatenate([self._rope(x[..., :r], offset), x[..., r:]], axis=-1)
 
+    def _sizes(self) -> Tuple[int, int, int]:
+        d = self.head_dim
+        return (self.n_heads * 2 * d, self.n_kv_heads * d, self.n_kv_heads * d)
+
+    def fusions(self):
+        """(fused name, the checkpoint's names, their output sizes) of fuse_projections."""
+        return [("qkv_proj", ("q_proj", "k_proj", "v_proj"), self._sizes())]
+
+    def fuse_projections(self) -> None:
+        """q_proj (queries and gates), k_proj and v_proj as one `qkv_proj`; unchanged where they
+        cannot be fused (layers.fuse_linears)."""
+        fuse_parts(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
+
     def project(self, x: mx.array) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
         """x (B, L, hidden) -> q, k (normed, not yet turned), v: (B, heads, L, D); gate (B, L, heads * D)."""
         B, L, _ = x.shape
         d = self.head_dim
         # (B, L, heads * 2D) -> (B, L, heads, 2D): each head's query, then its gate
-        qg = self.q_proj(x).reshape(B, L, self.n_heads, 2 * d)
+        if "qkv_proj" in self:
+            qg, k, v = split_last(self.qkv_proj(x), self._sizes())
+        else:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        qg = qg.reshape(B, L, self.n_heads, 2 * d)
         gate = qg[..., d:].reshape(B, L, self.n_heads * d)
         q = self.q_norm(qg[..., :d])
-        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, d))
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, d)
+        k = self.k_norm(k.reshape(B, L, self.n_kv_heads, d))
+        v = v.reshape(B, L, self.n_kv_heads, d)
         # -> (B, heads, L, D)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         return q, k, v, gate
@@ -182,6 +200,30 @@ class HybridCausalLM(CausalLM):
 
     def make_cache(self, max_size: Optional[int] = None):
         return [LinearAttnCache() if t == LINEAR else KVCache(max_size) for t in self.spec.hybrid.layer_types]
+
+    def fuse_projections(self) -> None:
+        """After loading: each layer's projections of one input as one matmul (the Gated DeltaNet
+        inputs, q/k/v with the gate, the dense MLPs' gate and up). At decode a hybrid stack is bound
+        by the number of operations, not by bytes (docs/decode.md); on the H200 this takes 90 of the
+        0.8B shape's operations out of every token. The checkpoint's names are gone afterwards."""
+        for layer in self.model.layers:
+            (layer.linear_attn if "linear_attn" in layer else layer.self_attn).fuse_projections()
+            if isinstance(layer.mlp, MLP):
+                layer.mlp.fuse_projections()
+            # made here, a layer at a time, so that memory never holds more than one layer twice
+            mx.eval(layer.parameters())
+
+    def checkpoint_parameters(self) -> dict:
+        """The parameters as a flat dict under the checkpoint's names, as an MLX conversion stores
+        them: fused projections split back (views, nothing copied)."""
+        flat = dict(tree_flatten(self.parameters()))
+        for i, layer in enumerate(self.model.layers):
+            for name in ("linear_attn", "self_attn", "mlp"):
+                part = layer.get(name)
+                if part is not None and hasattr(part, "fusions"):
+                    for fused, names, sizes in part.fusions():
+                        unfuse_parts(flat, f"model.layers.{i}.{name}.", fused, names, sizes)
+        return flat
 
     def sanitize(self, weights: dict) -> dict:
         """Hugging Face, image-text and MLX-converted layouts to ours: the text decoder's entries
