@@ -9,12 +9,7 @@ set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=.:tests PYTHONUNBUFFERED=1
-bench() {  # name, then metalgen bench's arguments
-    local name=$1
-    shift
-    timeout 280 python3 -m metalgen bench "$@" --compare mlx-lm --json "$out/bench_$name.json" 2>&1 | grep -v -i warning \
-        | tail -n 8 | tee -a "$out/bench.txt"
-}
+source "$(dirname "$0")/gpu_round_bench.sh"
 case "${PART:-parity}" in
 parity)
     timeout 120 python3 benchmarks/hybrid_parity_probe.py 2>&1 | grep -v -i warning | tee "$out/parity_tf32_on.txt"

@@ -10,12 +10,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 part=${PART:-checks}
-bench() {  # name, then metalgen bench's arguments
-    local name=$1
-    shift
-    timeout 280 python3 -m metalgen bench "$@" --compare mlx-lm --json "$out/bench_$name.json" 2>&1 | grep -v -i warning \
-        | tail -n 8 | tee -a "$out/bench.txt"
-}
+source "$(dirname "$0")/gpu_round_bench.sh"
 case "$part" in
 checks)
     timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels_moe.py -k gpu 2>&1 \
