@@ -45,7 +45,7 @@ class _TokenBytes(dict):
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer of the Qwen2 / Qwen2.5 / Qwen3 family.
+    """Byte-level BPE tokenizer of the Qwen2 / Qwen2.5 / Qwen3 / Qwen3.5 family.
 
     Produces the same ids as Hugging Face ``tokenizers`` for the same files. Build it
     with :meth:`from_pretrained`.

@@ -13,6 +13,7 @@ from typing import Any
 
 from .added_tokens import AddedToken
 from .errors import TokenizerError
+from .pretokenize import QWEN2_PATTERN, QWEN35_PATTERN
 
 TOKENIZER_JSON = "tokenizer.json"
 VOCAB_JSON = "vocab.json"
@@ -123,6 +124,36 @@ def _from_tokenizer_json(folder: str, path: str) -> TokenizerFiles:
     )
 
 
+# tokenizer_class names (tokenizer_config.json) whose transformers class splits with Qwen3.5's
+# pattern; every other name keeps Qwen2's, which Qwen2 to Qwen3 ship.
+_QWEN35_CLASSES = {"Qwen3_5Tokenizer"}
+
+
+def fallback_pipeline(config: dict) -> tuple[dict, dict]:
+    """The normalizer and pre_tokenizer entries (tokenizer.json form) a vocab.json + merges.txt
+    folder gets, chosen by the ``tokenizer_class`` in its tokenizer_config.json.
+
+    These are what transformers' Qwen2Tokenizer / Qwen3_5Tokenizer build for such a folder:
+    NFC, then Split(pattern, Isolated) and ByteLevel without its own regex. The pattern is
+    Qwen3.5's for ``Qwen3_5Tokenizer`` and Qwen2's otherwise.
+    """
+    name = config.get("tokenizer_class")
+    # transformers reads "XTokenizerFast" as "XTokenizer", so the suffix does not matter here either.
+    if isinstance(name, str) and name.removesuffix("Fast") in _QWEN35_CLASSES:
+        pattern = QWEN35_PATTERN
+    else:
+        pattern = QWEN2_PATTERN
+    normalizer = {"type": "NFC"}
+    pre_tokenizer = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        ],
+    }
+    return normalizer, pre_tokenizer
+
+
 def _from_vocab_merges(folder: str, vocab_path: str, merges_path: str, config: dict) -> TokenizerFiles:
     vocab = _check_vocab(_read_json(vocab_path, VOCAB_JSON), VOCAB_JSON)
     try:
@@ -144,7 +175,16 @@ def _from_vocab_merges(folder: str, vocab_path: str, merges_path: str, config: d
         except ValueError:
             raise TokenizerError(f"malformed {CONFIG_JSON}: added_tokens_decoder key {key!r} is not an integer id") from None
         added.append(_parse_added_token(entry, CONFIG_JSON, key, tid))
-    return TokenizerFiles(folder=folder, merges_source=MERGES_TXT, vocab=vocab, merges=merges, added_tokens=added)
+    normalizer, pre_tokenizer = fallback_pipeline(config)
+    return TokenizerFiles(
+        folder=folder,
+        merges_source=MERGES_TXT,
+        vocab=vocab,
+        merges=merges,
+        added_tokens=added,
+        normalizer=normalizer,
+        pre_tokenizer=pre_tokenizer,
+    )
 
 
 def load_folder(folder: str | os.PathLike) -> TokenizerFiles:

@@ -2,7 +2,8 @@
 
 These are the steps Hugging Face ``tokenizers`` runs between the added-token split
 and the BPE model for the Qwen family (normalizer ``NFC``; pre-tokenizer
-``Split(pattern, Isolated)`` followed by ``ByteLevel(use_regex=False)``).
+``Split(pattern, Isolated)`` followed by ``ByteLevel(use_regex=False)``). Qwen2 to Qwen3
+share one split pattern; Qwen3.5 changed it (``QWEN35_PATTERN``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import Callable
 
 import regex
 
-from ._unicode_tables import LETTER_RANGES, NORMALIZATION_BARRIERS, NUMBER_RANGES, RECENT_RANGES
+from ._unicode_tables import (
+    LETTER_RANGES,
+    MARK_RANGES,
+    NORMALIZATION_BARRIERS,
+    NUMBER_RANGES,
+    RECENT_MARK_RANGES,
+    RECENT_RANGES,
+)
 from .errors import TokenizerError
 
 # The split pattern Qwen2, Qwen2.5 and Qwen3 ship. Differences from GPT-2's: contractions
@@ -23,6 +31,14 @@ from .errors import TokenizerError
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# The split pattern of Qwen3.5 (transformers' Qwen3_5Tokenizer). Combining marks (\p{M}) count
+# as part of a word: Qwen2's pattern cuts a word at every mark ("हिन्दी" -> "ह" "िन" "्द" "ी",
+# a mark leading the next letters or standing alone), where this one keeps the word whole.
+QWEN35_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 # GPT-2's pattern, used by a plain ``ByteLevel(use_regex=True)`` pre-tokenizer.
@@ -109,8 +125,9 @@ def split_pattern(config: dict | None) -> str | None:
     """The split regex a tokenizer.json ``pre_tokenizer`` entry uses (None: no splitting).
 
     Reads the pattern of a ``Split`` step (Qwen's case); a lone ``ByteLevel`` uses GPT-2's
-    pattern with ``use_regex`` and none without; no pre_tokenizer at all (vocab.json +
-    merges.txt folders) falls back to Qwen2's pattern.
+    pattern with ``use_regex`` and none without; no pre_tokenizer at all falls back to
+    Qwen2's pattern. (vocab.json + merges.txt folders come with the pre_tokenizer that
+    ``loading.fallback_pipeline`` picks for their tokenizer_class.)
     """
     if config is None:
         return QWEN2_PATTERN
@@ -160,16 +177,18 @@ def _class_body(ranges: tuple[tuple[int, int], ...]) -> str:
     return "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
 
 
-_PINNED_CLASSES = {"L": _class_body(LETTER_RANGES), "N": _class_body(NUMBER_RANGES)}
-_PROPERTY = regex.compile(r"\\[pP](?:\{(L|N)\}|(L|N))")
+_PINNED_CLASSES = {"L": _class_body(LETTER_RANGES), "M": _class_body(MARK_RANGES), "N": _class_body(NUMBER_RANGES)}
+# \p{X} or \pX for the three classes pinned above (\p{Lu}, \p{Mn}, ... are not matched).
+_PROPERTY = regex.compile(r"\\[pP](?:\{([LMN])\}|([LMN]))")
 
 
 def pin_unicode_classes(pattern: str) -> str:
-    """Replace ``\\p{L}`` / ``\\p{N}`` in a split pattern with fixed Unicode 16.0 ranges.
+    """Replace ``\\p{L}`` / ``\\p{M}`` / ``\\p{N}`` in a split pattern with fixed Unicode 16.0 ranges.
 
     So the split follows the reference's Unicode version rather than the regex module's
     (see ``_unicode_tables``). Inside a character class the ranges are spliced in; outside
-    one they become a class of their own. Negated forms outside a class become a negated
+    one they become a class of their own (so ``[\\p{L}\\p{M}]`` and ``[^\\s\\p{L}\\p{M}\\p{N}]``
+    become one class of all their ranges). Negated forms outside a class become a negated
     class; a negated form inside a class is left alone (no pattern we know uses it).
     """
     out = []
@@ -216,16 +235,23 @@ def _in_ranges(cp: int, ranges: tuple[tuple[int, int], ...], starts: list[int]) 
     return i >= 0 and cp <= ranges[i][1]
 
 
-@lru_cache(maxsize=1)
-def disagreeing_characters() -> str:
-    """Characters the regex module classes differently from the reference (as a class body).
+_PINNED_RANGES = {"L": LETTER_RANGES, "M": MARK_RANGES, "N": NUMBER_RANGES}
+
+
+@lru_cache(maxsize=8)
+def disagreeing_characters(classes: str = "LMN") -> str:
+    """Characters the regex module puts in a different one of ``classes`` than the reference
+    does (``"LMN"``: letters, marks, numbers), as a class body.
 
     Only characters assigned after Unicode 14.0 can differ, so only those are checked:
     about 14k characters, a few milliseconds. Empty when the versions agree.
     """
-    recent = "".join(chr(cp) for a, b in RECENT_RANGES for cp in range(a, b + 1))
+    # Every recent character is checked against every class asked for, not only the class it
+    # is recent in: that covers a character that moved from one class to another, too.
+    recent = "".join(chr(cp) for a, b in RECENT_RANGES + RECENT_MARK_RANGES for cp in range(a, b + 1))
     odd: set[int] = set()
-    for prop, ranges in (("L", LETTER_RANGES), ("N", NUMBER_RANGES)):
+    for prop in classes:
+        ranges = _PINNED_RANGES[prop]
         starts = [a for a, _ in ranges]
         theirs = {ord(c) for c in recent if _in_ranges(ord(c), ranges, starts)}
         ours = set(map(ord, regex.findall(rf"\p{{{prop}}}", recent)))
@@ -243,7 +269,7 @@ def disagreeing_characters() -> str:
 class Splitter:
     """Splits normalized text into pre-tokens with a compiled split pattern.
 
-    The pattern runs with the regex module's own ``\\p{L}`` / ``\\p{N}`` (fast). Only a
+    The pattern runs with the regex module's own ``\\p{L}`` / ``\\p{M}`` / ``\\p{N}`` (fast). Only a
     segment containing a character whose class differs between the regex module's
     Unicode version and the reference's is split with the pattern rewritten to fixed
     Unicode 16.0 ranges, which is exact but about 15x slower.
@@ -256,7 +282,10 @@ class Splitter:
             return
         try:
             self._regex = regex.compile(pattern)
-            odd = disagreeing_characters() if _PROPERTY.search(pattern) else ""
+            # Only the classes the pattern names matter: a Qwen2 pattern need not leave the
+            # fast path for a mark the two Unicode versions disagree on.
+            used = {m.group(1) or m.group(2) for m in _PROPERTY.finditer(pattern)}
+            odd = disagreeing_characters("".join(sorted(used))) if used else ""
             self._odd = regex.compile(f"[{odd}]") if odd else None
             self._pinned = None
             self._pinned_source = pin_unicode_classes(pattern) if odd else None
