@@ -104,14 +104,19 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3-next-80b-a3b": _hybrid_moe("qwen3_next", 2048, 48, 16, 2, 16, 32, _QWEN_VOCAB, 512, 10, 512, 512,
                                       intermediate_size=5120),
     # the dense Qwen3.5 sizes (image-text checkpoints; these are their text_config): key heads of the
-    # linear layers 16, value heads 16 / 32 / 48
+    # linear layers 16, value heads 16 / 16 / 32 / 32 / 48; 0.8B, 2B and 4B tie their embeddings
     "qwen3.5-0.8b": _hybrid("qwen3_5", 1024, 24, 8, 2, 16, 16, _QWEN35_VOCAB, intermediate_size=3584,
                             tie_word_embeddings=True),
+    "qwen3.5-2b": _hybrid("qwen3_5", 2048, 24, 8, 2, 16, 16, _QWEN35_VOCAB, intermediate_size=6144,
+                          tie_word_embeddings=True),
     "qwen3.5-4b": _hybrid("qwen3_5", 2560, 32, 16, 4, 16, 32, _QWEN35_VOCAB, intermediate_size=9216,
                           tie_word_embeddings=True),
+    "qwen3.5-9b": _hybrid("qwen3_5", 4096, 32, 16, 4, 16, 32, _QWEN35_VOCAB, intermediate_size=12288),
     "qwen3.5-27b": _hybrid("qwen3_5", 5120, 64, 24, 4, 16, 48, _QWEN35_VOCAB, intermediate_size=17408),
-    # Qwen3.5-35B-A3B and Qwen3.5-397B-A17B: every layer sparse, a shared expert
+    # Qwen3.5-35B-A3B, Qwen3.5-122B-A10B and Qwen3.5-397B-A17B: every layer sparse, a shared expert
+    # as wide as a routed one
     "qwen3.5-35b-a3b": _hybrid_moe("qwen3_5_moe", 2048, 40, 16, 2, 16, 32, _QWEN35_VOCAB, 256, 8, 512, 512),
+    "qwen3.5-122b-a10b": _hybrid_moe("qwen3_5_moe", 3072, 48, 32, 2, 16, 64, _QWEN35_VOCAB, 256, 8, 1024, 1024),
     "qwen3.5-397b-a17b": _hybrid_moe("qwen3_5_moe", 4096, 60, 32, 2, 16, 64, _QWEN35_VOCAB, 512, 10, 1024, 1024),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},

@@ -241,10 +241,14 @@ def test_big_dummy_shapes_have_published_sizes():
 
     n, spec = params("qwen3.5-35b-a3b")
     assert 34e9 < n < 36.5e9 and spec.hybrid.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    n, spec = params("qwen3.5-122b-a10b")
+    assert 121e9 < n < 123e9 and (spec.moe.num_experts, spec.moe.top_k) == (256, 8)
+    assert spec.moe.shared_intermediate_size == 1024 and spec.hybrid.linear.num_value_heads == 64
     n, spec = params("qwen3-next-80b-a3b")
     assert 79e9 < n < 82e9 and spec.moe.num_experts == 512 and spec.hybrid.rotary_dims == 64
     # the dense sizes count their text decoder only (the published totals add the vision tower)
-    for shape, low, high, value_heads in (("qwen3.5-0.8b", 0.7e9, 0.8e9, 16), ("qwen3.5-4b", 4.0e9, 4.4e9, 32),
+    for shape, low, high, value_heads in (("qwen3.5-0.8b", 0.7e9, 0.8e9, 16), ("qwen3.5-2b", 1.8e9, 2.0e9, 16),
+                                          ("qwen3.5-4b", 4.0e9, 4.4e9, 32), ("qwen3.5-9b", 8.8e9, 9.1e9, 32),
                                           ("qwen3.5-27b", 26.5e9, 27.5e9, 48)):
         n, spec = params(shape)
         assert low < n < high and spec.moe is None and spec.hybrid.linear.num_value_heads == value_heads, shape
