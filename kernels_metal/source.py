@@ -91,6 +91,19 @@ QUANT_TEMPLATES = ("QB", "GS", "QBR", "GSR")
 # Qwen3-30B-A3B's sizes, and Qwen1.5-MoE-A2.7B's (shared expert, q/k/v biases, head dim 128)
 QWEN3_MOE_TMPL = [bf16, 128, True, False, 6144, 2048, 32, 4, 6144, 128, 8, 768, 0]
 QWEN2_MOE_TMPL = [bf16, 128, False, True, 5632, 2048, 16, 16, 5632, 60, 4, 1408, 5632]
+# hybrid Gated DeltaNet stacks (MG_HYBRID 1, on the MoE variant): the Gated DeltaNet layers' input
+# projections, output projections, conv weights, (A_log, dt_bias), gated-norm weights, and their conv
+# and recurrent states (updated in place)
+DECODE_HYBRID_INPUTS = DECODE_MOE_INPUTS + ("wlin", "wlo", "cw", "lpar", "gnw", "cst", "rst")
+DECODE_HYBRID_TEMPLATES = DECODE_MOE_TEMPLATES + ("ROT", "HKL", "HVL", "DKL", "DVL", "KCT", "QKVZ")
+DECODE_HYBRID_DTYPES = DECODE_MOE_DTYPES + [bf16, bf16, bf16, bf16, bf16, bf16, f32]
+QUANT_HYBRID_WEIGHTS = QUANT_MOE_WEIGHTS + ("wlin", "wlo")
+DECODE_HYBRID_Q_INPUTS = DECODE_HYBRID_INPUTS + _quant_inputs(QUANT_HYBRID_WEIGHTS)
+# Qwen3.5-35B-A3B's sizes (every layer sparse, a shared expert), Qwen3.5-0.8B's (dense: one placeholder
+# expert), Qwen3-Next-80B-A3B's (the per-key-head packing)
+QWEN35_MOE_TMPL = [bf16, 256, True, False, 4096, 2048, 16, 2, 8, 256, 8, 512, 512, 64, 16, 32, 128, 128, 4, 0]
+QWEN35_DENSE_TMPL = [bf16, 256, True, False, 3584, 1024, 8, 2, 3584, 1, 1, 8, 0, 64, 16, 16, 128, 128, 4, 0]
+QWEN3_NEXT_TMPL = [bf16, 256, True, False, 5120, 2048, 16, 2, 5120, 512, 10, 512, 512, 64, 16, 32, 128, 128, 4, 1]
 
 SPECS = {
     s.name: s
@@ -201,6 +214,10 @@ SPECS = {
         _spec("decode_layer_moe", "decode_layer", DECODE_MOE_INPUTS, ["out", "sync"], DECODE_MOE_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_MOE_DTYPES,
               out=[bf16, u32], tmpl=QWEN2_MOE_TMPL),
+        # with Gated DeltaNet layers (Qwen3-Next, Qwen3.5; 6 phases a layer)
+        _spec("decode_layer_hybrid", "decode_layer", DECODE_HYBRID_INPUTS, ["out", "sync"], DECODE_HYBRID_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1)], ("qdot.h", "decode.h"),
+              dtypes=DECODE_HYBRID_DTYPES, out=[bf16, u32], tmpl=QWEN35_MOE_TMPL),
     ]
 }
 
@@ -227,6 +244,15 @@ CUDA_ONLY_SPECS = {
               DECODE_MOE_TEMPLATES + QUANT_TEMPLATES, [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_QUANT", 1)],
               ("qdot.h", "decode.h"), dtypes=_quant_dtypes(DECODE_MOE_INPUTS, DECODE_MOE_DTYPES, QUANT_MOE_WEIGHTS),
               out=[bf16, u32], tmpl=QWEN3_MOE_TMPL + [4, 64, 8, 64]),
+        _spec("decode_megakernel_hybrid", "decode_layer", DECODE_HYBRID_INPUTS, ["out", "sync"],
+              DECODE_HYBRID_TEMPLATES, [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1)],
+              ("qdot.h", "decode.h"), dtypes=DECODE_HYBRID_DTYPES, out=[bf16, u32], tmpl=QWEN35_DENSE_TMPL),
+        _spec("decode_megakernel_hybrid_q", "decode_layer", DECODE_HYBRID_Q_INPUTS, ["out", "sync"],
+              DECODE_HYBRID_TEMPLATES + QUANT_TEMPLATES,
+              [("MG_GRID", 1), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1), ("MG_QUANT", 1)],
+              ("qdot.h", "decode.h"),
+              dtypes=_quant_dtypes(DECODE_HYBRID_INPUTS, DECODE_HYBRID_DTYPES, QUANT_HYBRID_WEIGHTS),
+              out=[bf16, u32], tmpl=QWEN3_NEXT_TMPL + [4, 64, 8, 64]),
     ]
 }
 
@@ -236,7 +262,7 @@ KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "dec
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",
            "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "gated_delta_step", "gated_delta_conv_step", "decode_layer",
-           "decode_layer_v2", "decode_layer_moe")
+           "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid")
 
 
 def header(spec: KernelSpec, backend: str) -> str:

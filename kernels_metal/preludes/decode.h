@@ -239,3 +239,30 @@ MG_FN void mg_splitk_gemv(const MG_DEVICE T* W, MG_SHARED_PTR const T* xs, uint3
     if (lane == 0) MG_DEVICE_ADD_F32(acc + row, p);
   }
 }
+
+// A Gated DeltaNet layer's input projection row of canonical output o, where the canonical order is
+// [q (HK DK) | k (HK DK) | v (HV DV) | z (HV DV) | b (HV) | a (HV)] (Qwen3.5's in_proj_qkv, z, b, a side
+// by side). QKVZ 1: Qwen3-Next's packing per key head, in_proj_qkvz rows [q DK | k DK | v R DV | z R DV]
+// for each key head, then in_proj_ba rows [b R | a R] for each (R = HV / HK value heads a key head).
+template <int HK, int HV, int DK, int DV, int QKVZ>
+MG_FN uint32_t mg_lin_row(uint32_t o) {
+  if (!QKVZ) return o;
+  constexpr uint32_t R = (uint32_t)(HV / HK);
+  constexpr uint32_t P = 2u * DK + 2u * R * DV;  // rows a key head in in_proj_qkvz
+  constexpr uint32_t KD = (uint32_t)(HK * DK);
+  constexpr uint32_t VD = (uint32_t)(HV * DV);
+  if (o < 2u * KD) {  // q, then k: key head o / DK of its part
+    const uint32_t part = o / KD;
+    const uint32_t i = o - part * KD;
+    return (i / DK) * P + part * DK + i % DK;
+  }
+  if (o < 2u * KD + 2u * VD) {  // v, then z: value head h = key head * R + hr
+    const uint32_t part = (o - 2u * KD) / VD;
+    const uint32_t i = o - 2u * KD - part * VD;
+    const uint32_t h = i / DV;
+    return (h / R) * P + 2u * DK + part * R * DV + (h % R) * DV + i % DV;
+  }
+  const uint32_t part = (o - 2u * KD - 2u * VD) / HV;  // b, then a
+  const uint32_t h = o - 2u * KD - 2u * VD - part * HV;
+  return HK * P + (h / R) * 2u * R + part * R + h % R;
+}
