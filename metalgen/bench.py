@@ -96,10 +96,11 @@ def decode_path_name(model, decode: Optional[str] = None) -> str:
     from .decode import decoder_for
     from .decode.path import takes_compiled
 
-    if takes_compiled(model, decode):
-        return "compiled"
+    # the order make_step takes them in: a stacked decoder where one runs, else the compiled path
     dec = decoder_for(model, decode)
-    return "plain" if dec is None else dec.name
+    if dec is not None:
+        return dec.name
+    return "compiled" if takes_compiled(model, decode) else "plain"
 
 
 def _graph_ops(outputs) -> int:

@@ -24,6 +24,12 @@ MoE decoders (weights.moe) run the body's MG_MOE variant (`decode_megakernel_moe
 version 1): 6 phases a layer, the sparse layers' router, routing and chosen experts on the GPU; the
 fused path skips the dense layers' idle sixth launch.
 
+Hybrid Gated DeltaNet stacks (weights.hybrid: Qwen3-Next, Qwen3.5) run the MG_HYBRID variant, built on
+the MoE one (`decode_megakernel_hybrid`, `_q`; fused: `decode_layer_hybrid`): an attention layer's phases
+as before with the output gate and partial RoPE, a Gated DeltaNet layer's as its input projections with
+the conv, the delta rule, and the gated norm with out_proj; the conv taps and recurrent states of the
+state (`DecodeState.conv`, `.rec`) are updated in place as the KV cache is.
+
 `version` 1 is the body as measured in run 4; version 2 (MG_DECODE_V 2, docs/decode.md) does
 o_proj and down as split-K tasks over every lane-group with atomic partial sums, folds the residual
 add into the next phase's norm, and keeps more loads in flight. Both compile from the same body.
@@ -105,12 +111,13 @@ class _GpuDecoder:
         self.version = version
         m = w.moe
         q = w.quant
+        hy = w.hybrid
         if (m is not None or q is not None) and version != 1:
-            raise ValueError("the MoE and quantized decode kernels are version 1 only")
+            raise ValueError("the MoE, hybrid and quantized decode kernels are version 1 only")
         if q is not None and not self.quant_ok:
             raise ValueError("quantized weights run on the megakernel only")
-        self.kernel_name = (self.base_kernel + ("_v2" if version == 2 else "") + ("_moe" if m is not None else "")
-                            + ("_q" if q is not None else ""))
+        kind = "_hybrid" if hy is not None else ("_moe" if m is not None else "")
+        self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "") + kind + ("_q" if q is not None else "")
         self.name = self.base_name + ("_v2" if version == 2 else "")
         if w.dtype not in (mx.bfloat16, mx.float16):
             raise ValueError(f"the {self.name} path needs bfloat16 or float16 weights, not {w.dtype}")
@@ -129,20 +136,28 @@ class _GpuDecoder:
         self.max_splits = max(1, self.blocks // w.heads)
         # the activation buffer: the dense intermediate size, or the chosen experts' and the shared one's
         act = max(w.inter, m.top_k * m.inter + m.shared) if m is not None else w.inter
-        sk = max(w.hidden, w.q_dim, act)
+        sk = max(w.hidden, w.q_dim, act, hy.value_heads * hy.value_dim if hy is not None else 0)
         self.sk = (sk + 255) // 256 * 256
         self.template = [("T", w.dtype), ("D", w.head_dim), ("QKN", bool(w.qk_norm)),
                          ("BIAS", bool(w.has_bias)), ("SK", self.sk), ("HT", w.hidden), ("HQT", w.heads),
                          ("HKVT", w.kv_heads), ("IT", w.inter)]
         if m is not None:
             self.template += [("EXT", m.experts), ("KX", m.top_k), ("MIT", m.inter), ("SIT", m.shared)]
+        # the projection buffer: q/k/v (an attention layer's q with its gates), or a Gated DeltaNet layer's rows
+        qkv_buf = w.qkv_dim
+        if hy is not None:
+            self.template += [("ROT", hy.rotary_dims), ("HKL", hy.key_heads), ("HVL", hy.value_heads),
+                              ("DKL", hy.key_dim), ("DVL", hy.value_dim), ("KCT", hy.conv_kernel),
+                              ("QKVZ", hy.packed)]
+            qkv_buf = max(w.qkv_dim + w.q_dim, hy.rows)
         if q is not None:
             self.template += [("QB", q.bits), ("GS", q.group_size), ("QBR", q.gate_bits), ("GSR", q.gate_group_size)]
-            names = S.QUANT_MOE_WEIGHTS if m is not None else S.QUANT_WEIGHTS
+            names = (S.QUANT_HYBRID_WEIGHTS if hy is not None else S.QUANT_MOE_WEIGHTS if m is not None
+                     else S.QUANT_WEIGHTS)
             self.quant_inputs = [a for name in names for a in q.params[name]]
         else:
             self.quant_inputs = []
-        work = w.hidden + w.qkv_dim + act + w.heads * self.max_splits * (w.head_dim + 2)
+        work = w.hidden + qkv_buf + act + w.heads * self.max_splits * (w.head_dim + 2)
         # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
         # zeroed between their uses); allocated for both versions
         self.v2_offset = (work + 31) // 32 * 32
@@ -158,7 +173,9 @@ class _GpuDecoder:
         self.merge_offset = (self.stamp_offset + 3 * self.steps + 3 + 31) // 32 * 32
         # MoE: the router logits [E + 1] and the routing choice [2 * top_k]
         self.moe_offset = (self.merge_offset + w.q_dim + w.heads + 31) // 32 * 32
-        self.scratch_size = self.moe_offset + (m.experts + 1 + 2 * m.top_k if m is not None else 0)
+        # hybrid: the delta rule's output [Hv * Dv]
+        self.hybrid_offset = (self.moe_offset + (m.experts + 1 + 2 * m.top_k if m is not None else 0) + 31) // 32 * 32
+        self.scratch_size = self.hybrid_offset + (hy.value_heads * hy.value_dim if hy is not None else 0)
         self.stamp_steps = False
         self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
@@ -184,7 +201,7 @@ class _GpuDecoder:
         return [w.hidden, w.heads, w.kv_heads, w.inter, w.layers, pos, capacity, use_emb, s_begin, s_end, ns,
                 chunk, self.blocks, self.barrier_offset, self.v2_offset,
                 self.stamp_offset if self.stamp_steps else 0, self.merge_offset, self.moe_offset,
-                int(w.moe is not None and w.moe.norm_topk)]
+                int(w.moe is not None and w.moe.norm_topk), self.hybrid_offset]
 
     def _params(self, state, use_emb, s_begin, s_end):
         """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
@@ -217,10 +234,11 @@ class _GpuDecoder:
         w = self.w
         table = w.rope_table
         moe = list(w.moe.arrays) if w.moe is not None else []
+        hybrid = list(w.hybrid.arrays) + [state.conv, state.rec] if w.hybrid is not None else []
         return _kernel(self.kernel_name)(
             inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
                     table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe
-            + self.quant_inputs,
+            + hybrid + self.quant_inputs,
             template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
 

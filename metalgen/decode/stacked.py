@@ -15,6 +15,8 @@ layers); the sparse layers' routers wr (Ls, E, H), experts wgx, wux (Ls, E, MI, 
 wsd (Ls, H, SI), wsg (Ls, H) are indexed by the ordinal among sparse layers; ltab (L, 2) int32 says per
 layer (sparse?, ordinal).
 
+Hybrid Gated DeltaNet stacks (Qwen3-Next, Qwen3.5): `hybrid_stacks.py` (`StackedWeights.hybrid`).
+
 MLX-quantized models (`QuantStacks`): the same arrays hold the packed uint32 words (rows of K * bits / 32),
 and each has its scales and biases stacked alike; one bits and group size for everything the kernels
 read, but the routers and shared experts' gates (their own: mlx_lm.convert keeps them at 8 bits).
@@ -28,6 +30,8 @@ from typing import Dict, Optional, Tuple
 import mlx.core as mx
 
 from ..models.moe import EXPERT_BITS, EXPERT_GROUP_SIZES, stack_sparse_layers
+from . import hybrid_stacks
+from .hybrid_stacks import HybridStacks
 
 
 @dataclasses.dataclass
@@ -92,6 +96,12 @@ class StackedWeights:
     rope_table: object  # kernels_metal RopeTable (cos, sin, max_positions)
     moe: Optional[MoeStacks] = None
     quant: Optional[QuantStacks] = None
+    hybrid: Optional[HybridStacks] = None
+
+    @property
+    def kv_layers(self) -> int:
+        """The layers with a KV cache (a hybrid stack's attention layers)."""
+        return len(self.hybrid.attn_layers) if self.hybrid is not None else self.layers
 
     @property
     def q_dim(self) -> int:
@@ -109,6 +119,8 @@ class StackedWeights:
     def nbytes(self) -> int:
         arrays = (self.embed, self.wqkv, self.bqkv, self.qkn, self.wo, self.wgu, self.wd, self.norms,
                   self.fnorm) + (self.moe.arrays if self.moe is not None else ())
+        if self.hybrid is not None:
+            arrays += self.hybrid.arrays
         if self.quant is not None:
             arrays += tuple(a for pair in self.quant.params.values() for a in pair)
         return sum(a.nbytes for a in arrays)
@@ -128,16 +140,21 @@ def _weight_layers(stack):
     """The layers whose weights the decode kernels read, as (main, gates): attention, dense feed-forwards,
     experts, shared experts and the token embedding; the routers and shared experts' gates."""
     main, gates = [], []
+    hybrid = stack.spec.hybrid is not None
+    if hybrid:
+        main += hybrid_stacks.weight_modules(stack)
     for layer in stack.layers:
-        a, m = layer.self_attn, layer.mlp
-        main += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        m = layer.mlp
+        if not hybrid:
+            a = layer.self_attn
+            main += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
         if "switch_mlp" in m:
             main += [m.switch_mlp.gate_proj, m.switch_mlp.up_proj, m.switch_mlp.down_proj]
             gates.append(m.gate)
             if "shared_expert" in m:
                 main += [m.shared_expert.gate_proj, m.shared_expert.up_proj, m.shared_expert.down_proj]
                 gates.append(m.shared_expert_gate)
-        else:
+        elif not hybrid:
             main += [m.gate_proj, m.up_proj, m.down_proj]
     if "embed_tokens" in stack:
         main.append(stack.embed_tokens)
@@ -176,7 +193,9 @@ def unsupported_reason(model) -> Optional[str]:
     if not layers:
         return "the model has no layers"
     if stack.spec.hybrid is not None:
-        return "Gated DeltaNet (linear attention) layers are not on the stacked paths yet"
+        problem = hybrid_stacks.unsupported_reason(stack)
+        if problem:
+            return problem
     problem = quantization_of(model)[0]
     if problem:
         return problem
@@ -204,6 +223,8 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
     _, qmain, qgate = quantization_of(model)
     stack = _stack_of(model)
     spec = stack.spec
+    if spec.hybrid is not None:
+        return _stack_hybrid(stack, qmain, qgate, rebind)
     layers = stack.layers
     attn0 = layers[0].self_attn
     H, L = spec.hidden_size, len(layers)
@@ -293,6 +314,56 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
         rope_table=attn0._rope.table, moe=moe_stacks, quant=quant)
 
 
+def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
+    """stack_weights for a hybrid Gated DeltaNet stack (hybrid_stacks.py): the kernel is the MoE variant,
+    so a stack without sparse layers gets a one-expert placeholder MoeStacks, and ltab is (L, 4)."""
+    spec = stack.spec
+    layers = stack.layers
+    L, H = len(layers), spec.hidden_size
+    dtype = layers[0].input_layernorm.weight.dtype
+    names = ("weight", "scales", "biases") if qmain else ("weight",)
+    gate_names = ("weight", "scales", "biases") if qgate else ("weight",)
+    wqkv, qkn, wo, wgu, wd, hs, hquant, views = hybrid_stacks.stack_hybrid(stack, names, dtype, rebind)
+    moe = spec.moe
+    sparse = [i for i in range(L) if moe is not None and moe.is_sparse(i)]
+    dense = [i for i in range(L) if i not in sparse]
+    if moe is not None:
+        m, moe_quant, moe_st = _stack_moe(stack, moe, dense, dtype, names, gate_names)
+    else:
+        z = mx.zeros((1,), dtype)
+        m, moe_quant, moe_st = MoeStacks(1, 1, 8, 0, False, (), z, z, z, z, z, z, z, z), {}, None
+        if qmain:
+            moe_quant = {k: (z, z) for k in ("wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")}
+    m.ltab = hybrid_stacks.layer_table(stack, hs, {i: o for o, i in enumerate(sparse)}, dense)
+    norms = mx.stack([mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]) for y in layers])
+    embed_tokens = getattr(stack, "embed_tokens", None)
+    embed = ({n: embed_tokens[n] for n in names} if embed_tokens is not None
+             else {n: mx.zeros((1, H), dtype) for n in names})
+    mx.eval([m.ltab, norms] + ([m.wr, m.wsgu, m.wsd, m.wsg] + [a for p in moe_quant.values() for a in p]
+                               if moe is not None else []))
+    if rebind:
+        for l, layer in enumerate(layers):
+            layer.input_layernorm["weight"] = norms[l, 0]
+            layer.post_attention_layernorm["weight"] = norms[l, 1]
+        if moe_st is not None:
+            views += _rebind_moe(stack, m, moe_st, names, gate_names)
+        mx.eval(views)
+    quant = None
+    if qmain:
+        families = {"embed": embed, "wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, **hquant}
+        params = {k: (fam["scales"], fam["biases"]) for k, fam in families.items()}
+        params.update(moe_quant)
+        quant = QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
+    attn0 = layers[hs.attn_layers[0]].self_attn
+    return StackedWeights(
+        hidden=H, layers=L, heads=attn0.n_heads, kv_heads=attn0.n_kv_heads, head_dim=attn0.head_dim,
+        inter=spec.intermediate_size if dense else 8, vocab=spec.vocab_size if embed_tokens is not None else 0,
+        eps=float(spec.rms_norm_eps), has_bias=False, qk_norm=True, dtype=dtype, embed=embed["weight"],
+        wqkv=wqkv["weight"], bqkv=mx.zeros((1,), dtype), qkn=qkn, wo=wo["weight"], wgu=wgu["weight"],
+        wd=wd["weight"], norms=norms, fnorm=stack.norm.weight, rope_table=attn0._rope.table, moe=m, quant=quant,
+        hybrid=hs)
+
+
 def _stack_moe(stack, moe, dense, dtype, names, gate_names):
     """The sparse layers' stacks (MoeStacks), if quantized the (scales, biases) of each of their arrays
     by name, and the stacks of every param (for rebinding): the routers and shared experts stacked here, the experts taken from the model's own
@@ -373,6 +444,10 @@ class DecodeState:
     capacity: int
     scratch: Optional[mx.array] = None
     dep: Optional[mx.array] = None  # the GPU paths' last launch on this state (its ordering edge)
+    # a hybrid stack's Gated DeltaNet layers: conv taps (Ll, taps, conv_dim), float32 recurrent states
+    # (Ll, Hv, Dk, Dv), updated in place by the kernel
+    conv: Optional[mx.array] = None
+    rec: Optional[mx.array] = None
 
     def reset(self) -> None:
         """Start again at position 0 (the old entries are overwritten before they are read)."""
@@ -382,23 +457,30 @@ class DecodeState:
 def empty_state(w: StackedWeights, capacity: int) -> DecodeState:
     """A zeroed stacked cache of `capacity` positions, at position 0 (the GPU kernels write into
     its arrays in place, so they are two buffers, made here)."""
-    shape = (w.layers, w.kv_heads, capacity, w.head_dim)
+    shape = (w.kv_layers, w.kv_heads, capacity, w.head_dim)
     kc, vc = mx.zeros(shape, w.dtype), mx.zeros(shape, w.dtype)
     mx.eval(kc, vc)
-    return DecodeState(kc, vc, 0, capacity)
+    state = DecodeState(kc, vc, 0, capacity)
+    if w.hybrid is not None:
+        state.conv, state.rec = hybrid_stacks.empty_linear_state(w.hybrid, w.dtype)
+    return state
 
 
 def stacked_cache(w: StackedWeights, cache, length: int, capacity: int) -> DecodeState:
     """Copy the first `length` positions of per-layer KVCaches (filled by the plain prefill) into a
     fresh stacked cache of `capacity` positions."""
-    L, Hkv, D = w.layers, w.kv_heads, w.head_dim
+    L, Hkv, D = w.kv_layers, w.kv_heads, w.head_dim
+    kv = hybrid_stacks.attention_caches(cache) if w.hybrid is not None else cache
     pad = capacity - length
     out = []
     for name in ("keys", "values"):
-        parts = [mx.stack([getattr(c, name)[0, :, :length] for c in cache])] if length else []
+        parts = [mx.stack([getattr(c, name)[0, :, :length] for c in kv])] if length else []
         if pad:
             parts.append(mx.zeros((L, Hkv, pad, D), w.dtype))
         a = mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0]
         out.append(a.astype(w.dtype))
     mx.eval(out)
-    return DecodeState(out[0], out[1], length, capacity)
+    state = DecodeState(out[0], out[1], length, capacity)
+    if w.hybrid is not None:
+        state.conv, state.rec = hybrid_stacks.linear_state_from(w.hybrid, cache, w.dtype)
+    return state
