@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The hybrid (Gated DeltaNet) work on a GPU machine. Logs go to benchmarks/results/ by hand.
-# Usage (repo root, MLX and mlx-lm installed): OUT=dir PART=parity|bench|tests|moe bash benchmarks/hybrid_gpu_round.sh
+# Usage (repo root, MLX and mlx-lm installed): OUT=dir PART=parity|bench|long|tests|mega|moe bash benchmarks/hybrid_gpu_round.sh
 # parity: benchmarks/hybrid_parity_probe.py with MLX's TF32 float32 matmuls on (its default) and off.
 # bench:  `metalgen bench --compare mlx-lm` (mlx-lm in its own process on its own weights), dense shapes.
 # tests:  the hybrid model and kernel tests on the GPU.
+# mega:   the hybrid megakernel's GPU tests (tests/test_decode_paths.py -k gpu_hybrid).
 # moe:    the 35B-A3B shape, bf16 and 4-bit.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -26,6 +27,10 @@ long)
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_models_hybrid.py tests/test_kernels_gated_delta.py \
         tests/test_decode_compiled.py tests/test_models.py tests/test_models_moe.py 2>&1 | tail -n 15 | tee "$out/gpu_tests.txt"
+    ;;
+mega)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_decode_paths.py -k gpu_hybrid 2>&1 \
+        | grep -v "^  \|^$" | tail -n 15 | tee "$out/gpu_tests_mega.txt"
     ;;
 moe)
     bench qwen3.5-35b-a3b-4bit --model dummy:qwen3.5-35b-a3b-4bit --prompt-tokens 128 --gen-tokens 256 --runs 2
