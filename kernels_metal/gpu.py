@@ -55,7 +55,8 @@ ATTN_CUSTOM_MIN_LENGTH = 16384
 ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
                            "gated_delta", "gated_delta_conv_step"})
 # (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
-# delta rule has no built-in: its decode step is the kernel, a prompt the chunked MLX form)
+# delta rule has no built-in: its decode step is the kernel, a prompt the chunked form, whose scan over
+# chunks is the gated_delta_scan kernel)
 
 
 def custom_wins(kernel: str, length: int = 0) -> bool:
@@ -575,8 +576,8 @@ def gated_delta(q, k, v, g, beta, state=None):
     B, L, Hk, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     if L != 1:
-        # a prompt: the chunked form, MLX matmuls on any device (no kernel of ours yet)
-        return ref.gated_delta_chunked(q, k, v, g, beta, state)
+        # a prompt: the chunked form, its chunks' terms as batched MLX matmuls, the scan over chunks one kernel
+        return ref.gated_delta_chunked(q, k, v, g, beta, state, scan=gated_delta_scan)
     if state is None:
         state = mx.zeros((B, Hv, Dk, Dv), mx.float32)
 
@@ -595,6 +596,29 @@ def gated_delta(q, k, v, g, beta, state=None):
                           grid=(groups * 32 * nw, 1, 1), threadgroup=(32 * nw, 1, 1),
                           output_shapes=[(B, 1, Hv, Dv), (B, Hv, Dk, Dv)], output_dtypes=[v.dtype, mx.float32])
     return out, new_state
+
+
+# key heads the scan kernel takes: its group keeps DK x 32 floats of the state in shared memory
+GATED_DELTA_SCAN_MAX_DK = 128
+
+
+def gated_delta_scan(U, W, qd, kd, mix, G_last, S):
+    """reference.gated_delta_chunk_scan on the GPU: one launch for the whole scan over chunks, one group
+    per (sequence, value head, 32 state columns)."""
+    B, H, n, C, Dv = U.shape
+    Dk = W.shape[-1]
+
+    def fb():
+        return ref.gated_delta_chunk_scan(U, W, qd, kd, mix, G_last, S)
+
+    if Dk > GATED_DELTA_SCAN_MAX_DK or Dv % 32 or n == 0 or B * H == 0:
+        return fb()
+    f = [t.astype(mx.float32) for t in (U, W, qd, kd, mix, G_last, S)]
+    out, s_out = _run("gated_delta_scan", (Dk, Dv, C), fb, inputs=f + [_i32(n)],
+                      template=[("DK", Dk), ("DV", Dv), ("C", C)], grid=(B * H * (Dv // 32) * 256, 1, 1),
+                      threadgroup=(256, 1, 1), output_shapes=[(B, H, n * C, Dv), (B, H, Dk, Dv)],
+                      output_dtypes=[mx.float32, mx.float32])
+    return out, s_out
 
 
 def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, state):

@@ -41,6 +41,7 @@ __all__ = [
     "gated_delta_recurrent",
     "gated_delta_conv_step",
     "gated_delta_chunked",
+    "gated_delta_chunk_scan",
     "unit_lower_inverse",
 ]
 
@@ -526,7 +527,20 @@ def unit_lower_inverse(A, block: int = GATED_DELTA_BLOCK):
     return mx.concatenate(block_rows, axis=-2)
 
 
-def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_CHUNK):
+def gated_delta_chunk_scan(U, W, qd, kd, mix, G_last, S):
+    """The chunked form's scan over chunks (gated_delta_chunked), the one part that runs chunk after chunk:
+    U (B, H, n, C, Dv), W, qd, kd (B, H, n, C, Dk), mix (B, H, n, C, C) causal, G_last (B, H, n), S (B, H,
+    Dk, Dv), all float32. Per chunk: vc = U - W S, out = qd S + mix vc, S = S exp(G_last) + kd^T vc.
+    Returns (out (B, H, n C, Dv), the last S)."""
+    outs = []
+    for c in range(U.shape[2]):
+        vc = U[:, :, c] - W[:, :, c] @ S  # (B, H, C, Dv)
+        outs.append(qd[:, :, c] @ S + mix[:, :, c] @ vc)
+        S = S * mx.exp(G_last[:, :, c])[..., None, None] + kd[:, :, c].swapaxes(-1, -2) @ vc
+    return mx.concatenate(outs, axis=2), S
+
+
+def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_CHUNK, scan=gated_delta_chunk_scan):
     """The gated delta rule in chunks of `chunk` tokens, equal to gated_delta_recurrent up to float32
     rounding. Within a chunk the delta-rule writes are one triangular system: with decays
     d(i, j) = exp(G_i - G_j) (G the running sum of g in the chunk, j <= i, so every factor is <= 1;
@@ -536,7 +550,7 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_C
     (q exp(G)) S plus the causal (q_i . k_j) d(i, j) mix of those values, and the state
     S exp(G_last) + sum_j k_j exp(G_last - G_j) (corrected v_j). No factor exp(-G) appears, so
     nothing overflows however strong the decay. Everything but the scan over chunks is batched over
-    sequences, heads and chunks."""
+    sequences, heads and chunks; that scan is `scan` (gated_delta_chunk_scan, or a GPU kernel's twin)."""
     B, L, Hv, Dv = v.shape
     out_dtype = v.dtype
     q, k, v, g, beta = _gated_delta_inputs(q, k, v, g, beta)
@@ -567,10 +581,6 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_C
     mix = (q @ k.swapaxes(-1, -2)) * decay  # (B, H, n, C, C), causal
     G_last = G[..., -1]  # (B, H, n)
     kd = k * mx.exp(G_last[..., None] - G)[..., None]
-    outs = []
-    for c in range(n):
-        vc = U[:, :, c] - W[:, :, c] @ S  # (B, H, C, Dv)
-        outs.append(qd[:, :, c] @ S + mix[:, :, c] @ vc)
-        S = S * mx.exp(G_last[:, :, c])[..., None, None] + kd[:, :, c].swapaxes(-1, -2) @ vc
-    out = mx.concatenate(outs, axis=2)[:, :, :L]  # (B, H, L, Dv)
+    out, S = scan(U, W, qd, kd, mix, G_last, S)
+    out = out[:, :, :L]  # (B, H, L, Dv)
     return out.transpose(0, 2, 1, 3).astype(out_dtype), S

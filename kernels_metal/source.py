@@ -202,6 +202,10 @@ SPECS = {
               ["T", "DK", "DV", "NW", "KC"], [("MG_CONV", 1)],
               dtypes=[bf16, bf16, bf16, bf16, bf16, bf16, bf16, f32, i32], out=[bf16, f32, bf16],
               tmpl=[bf16, 128, 128, 8, 4]),
+        # Gated DeltaNet prefill: the chunked form's scan over chunks (the rest is batched MLX matmuls)
+        _spec("gated_delta_scan", "gated_delta_scan", ["U", "W", "qd", "kd", "mix", "glast", "s_in", "params"],
+              ["out", "s_out"], ["DK", "DV", "C"], dtypes=[f32, f32, f32, f32, f32, f32, f32, i32], out=[f32, f32],
+              tmpl=[128, 128, 64]),
         # the fused decode path (metalgen/decode, docs/decode.md): one launch per phase of a layer
         _spec("decode_layer", "decode_layer", DECODE_INPUTS, ["out", "sync"], DECODE_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1)], ("qdot.h", "decode.h"), dtypes=DECODE_DTYPES, out=[bf16, u32],
@@ -261,7 +265,7 @@ KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "dec
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",
-           "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "gated_delta_step", "gated_delta_conv_step", "decode_layer",
+           "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "gated_delta_step", "gated_delta_conv_step", "gated_delta_scan", "decode_layer",
            "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid")
 
 

@@ -194,8 +194,12 @@ def test_gpu_entry_falls_back_with_the_right_shapes(monkeypatch):
     odd = inputs(1, 1, 2, 16, 24, seed=1)  # Dv not a multiple of 32: never the kernel
     gpu._STATUS.clear()
     assert rel(gpu.gated_delta(*odd)[0], ref.gated_delta_recurrent(*odd)[0]) < 1e-6 and not gpu.status()
-    prompt = inputs(3, 1, 2, 16, 32, seed=1)
-    assert rel(gpu.gated_delta(*prompt)[0], ref.gated_delta_chunked(*prompt)[0]) == 0 and not gpu.status()
+    prompt = inputs(3, 1, 2, 16, 32, seed=1)  # a prompt: the chunked form, its scan over chunks tried as a kernel
+    assert rel(gpu.gated_delta(*prompt)[0], ref.gated_delta_chunked(*prompt)[0]) < 1e-5
+    assert list(gpu.status()) == [("gated_delta_scan", (16, 32, ref.GATED_DELTA_CHUNK))]
+    wide = inputs(3, 1, 2, 256, 32, seed=1)  # key heads wider than the scan kernel's tile: never the kernel
+    gpu._STATUS.clear()
+    assert rel(gpu.gated_delta(*wide)[0], ref.gated_delta_chunked(*wide)[0]) == 0 and not gpu.status()
 
 
 def conv_step_inputs(B, Hk, Hv, Dk, Dv, seed, dtype=mx.float32, taps=3):
@@ -265,7 +269,7 @@ def test_largest_decode_variant_compiles_without_spills(tmp_path):
 # The decode body run on the CPU: each thread of a group an OS thread (C++20 std::barrier for
 # MG_BARRIER, function-static arrays for the group's shared memory, a lane sum through them), groups one
 # after another, T = float. Its index arithmetic, head mapping and reductions are then checked here too.
-EMULATION = r"""
+EMU_HEAD = r"""
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -275,6 +279,7 @@ EMULATION = r"""
 #include <thread>
 #include <vector>
 #define MG_FN inline
+#define MG_DEVICE
 #define MG_SHARED(type, name, n) static type name[n]
 #define MG_SHARED_PTR
 static std::barrier<>* group_barrier;
@@ -301,6 +306,9 @@ MG_FN uint32_t mg_as_uint(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 template <typename T> MG_FN float mg_to_float(T x) { return (float)x; }
 template <typename T> MG_FN T mg_from_float(float x) { return (T)x; }
 COMMON
+"""
+# ... then the decode step's kernel and its driver
+EMULATION = EMU_HEAD + r"""
 template <typename T, int DK, int DV, int NW>
 void kernel(const T* q, const T* k, const T* v, const float* g, const float* beta, const float* s_in,
             const int* params, T* out, float* s_out, uint32_t mg_tid, uint32_t mg_nthreads, uint32_t mg_gid_x,
@@ -372,7 +380,108 @@ def test_decode_body_emulated_on_the_cpu(tmp_path):
         assert rel(out, f32(want)) < 1e-5 and rel(s_out, want_S) < 1e-5, (B, Hk, Hv, Dk, Dv)
 
 
+# The prefill's scan over chunks, emulated the same way: 256 threads a group, groups one after another.
+SCAN_EMULATION = EMU_HEAD + r"""
+template <int DK, int DV, int C>
+void kernel(const float* U, const float* W, const float* qd, const float* kd, const float* mix, const float* glast,
+            const float* s_in, const int* params, float* out, float* s_out, uint32_t mg_gid_x, uint32_t mg_lane,
+            uint32_t mg_warp_id) {
+BODY
+}
+static std::vector<float> load(const char* name) {
+  std::vector<float> a;
+  FILE* f = fopen(name, "rb");
+  float x;
+  while (fread(&x, 4, 1, f) == 1) a.push_back(x);
+  fclose(f);
+  return a;
+}
+int main(int argc, char** argv) {
+  const int BH = atoi(argv[1]), n = atoi(argv[2]);
+  auto U = load("U"), W = load("W"), qd = load("qd"), kd = load("kd"), mix = load("mix"), gl = load("glast"),
+       s = load("s");
+  std::vector<float> out((size_t)BH * n * CH * DVV, NAN), s_out(s.size(), NAN);
+  const int params[1] = {n};
+  for (uint32_t gid = 0; gid < (uint32_t)(BH * (DVV / 32)); ++gid) {
+    std::barrier<> bar(256);
+    group_barrier = &bar;
+    std::vector<std::thread> threads;
+    for (uint32_t t = 0; t < 256; ++t)
+      threads.emplace_back([&, t] {
+        thread_id = t;
+        kernel<DKK, DVV, CH>(U.data(), W.data(), qd.data(), kd.data(), mix.data(), gl.data(), s.data(), params,
+                             out.data(), s_out.data(), gid, t & 31u, t >> 5);
+      });
+    for (auto& th : threads) th.join();
+  }
+  FILE* f = fopen("out", "wb");
+  fwrite(out.data(), 4, out.size(), f);
+  fclose(f);
+  f = fopen("s_out", "wb");
+  fwrite(s_out.data(), 4, s_out.size(), f);
+  fclose(f);
+  return 0;
+}
+"""
+
+
+def scan_inputs(B, H, n, C, Dk, Dv, seed):
+    """Random float32 terms of the scan in their shapes, scaled so that the state stays bounded over many
+    chunks as the chunked form's does (decays below 1; W and kd of norm about 0.5 / sqrt(C) a row: with
+    plain normal rows the state grows by ~3x a chunk and overflows within 128 chunks)."""
+    rng = np.random.default_rng(seed)
+    U, qd = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((B, H, n, C, Dv), (B, H, n, C, Dk)))
+    W, kd = (rng.standard_normal((B, H, n, C, Dk)).astype(np.float32) * (0.5 / np.sqrt(C * Dk)) for _ in range(2))
+    mix = np.tril(rng.standard_normal((B, H, n, C, C)).astype(np.float32) * 0.3)
+    G_last = -rng.uniform(0.0, 2.0, (B, H, n)).astype(np.float32)
+    S = rng.standard_normal((B, H, Dk, Dv)).astype(np.float32) * 0.3
+    return [mx.array(a) for a in (U, W, qd, kd, mix, G_last, S)]
+
+
+@pytest.mark.skipif(GXX is None, reason="no C++ compiler")
+@pytest.mark.parametrize("B,H,n,C,Dk,Dv", [(1, 2, 3, 64, 64, 64), (2, 1, 2, 16, 48, 96)])
+def test_scan_body_emulated_on_the_cpu(tmp_path, B, H, n, C, Dk, Dv):
+    # the prefill scan's body (gated_delta_scan.body) on the CPU against reference.gated_delta_chunk_scan
+    text = (SCAN_EMULATION.replace("COMMON", S._read("preludes/common.h"))
+            .replace("BODY", S._read("bodies/gated_delta_scan.body")))
+    defines = f"#define DKK {Dk}\n#define DVV {Dv}\n#define CH {C}\n"
+    (tmp_path / "scan.cpp").write_text(defines + text)
+    r = subprocess.run([GXX, "-std=c++20", "-O1", "-pthread", "scan.cpp", "-o", "scan"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:3000]
+    x = scan_inputs(B, H, n, C, Dk, Dv, seed=n + Dk)
+    for name, a in zip(("U", "W", "qd", "kd", "mix", "glast", "s"), x):
+        f32(a).tofile(tmp_path / name)
+    r = subprocess.run(["./scan", str(B * H), str(n)], cwd=tmp_path, timeout=120)
+    assert r.returncode == 0
+    want, want_S = ref.gated_delta_chunk_scan(*x)
+    out = np.fromfile(tmp_path / "out", np.float32).reshape(want.shape)
+    s_out = np.fromfile(tmp_path / "s_out", np.float32).reshape(want_S.shape)
+    assert rel(out, f32(want)) < 1e-5 and rel(s_out, want_S) < 1e-5
+
+
 # ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,n,C,Dk,Dv", [(1, 16, 128, 64, 128, 128), (2, 3, 5, 64, 64, 64), (1, 2, 3, 16, 48, 96)])
+def test_scan_kernel_matches_the_reference(B, H, n, C, Dk, Dv):
+    gpu._STATUS.pop(("gated_delta_scan", (Dk, Dv, C)), None)
+    x = scan_inputs(B, H, n, C, Dk, Dv, seed=n + Dk)
+    out, S_out = gpu.gated_delta_scan(*x)
+    assert gpu.status()[("gated_delta_scan", (Dk, Dv, C))] is True  # the kernel ran
+    want, want_S = ref.gated_delta_chunk_scan(*x)
+    assert rel(out, want) < 1e-4 and rel(S_out, want_S) < 1e-4
+
+
+@pytest.mark.gpu
+def test_prefill_through_the_scan_kernel_follows_the_recurrence():
+    # a 200-token prompt (four chunks, the last one padded) through the public API on the GPU
+    x = inputs(200, 2, 4, 128, 128, seed=3)
+    out, S_out = K.gated_delta(*x)
+    assert gpu.status()[("gated_delta_scan", (128, 128, ref.GATED_DELTA_CHUNK))] is True
+    want, want_S = ref.gated_delta_recurrent(*x)
+    assert rel(out, want) < 1e-4 and rel(S_out, want_S) < 1e-4
 
 
 @pytest.mark.gpu
