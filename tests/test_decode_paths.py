@@ -247,34 +247,45 @@ def test_gpu_paths_match_plain(shape, mode):
     assert max(vs_plain) < 2e-2 or max(fast32) <= 1.25 * max(plain32)
 
 
+def largest_gap_between(model, modes, prompt_tokens: int, steps: int) -> float:
+    """The two decode paths `modes` from one seeded prompt (each prefilled on its own cache), fed the first
+    path's greedy tokens: the largest absolute logit difference over `steps` steps."""
+    import numpy as np
+
+    from metalgen.cache import make_prompt_cache
+    from metalgen.decode.path import make_step
+
+    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, prompt_tokens), mx.int32)
+    fast = []
+    for mode in modes:
+        cache = make_prompt_cache(model)
+        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
+        mx.eval(logits, [c.state for c in cache])
+        fast.append(make_step(model, cache, prompt_tokens, 64, mode))
+    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+    worst = 0.0
+    for _ in range(steps):
+        a, b = fast[0](tok), fast[1](tok)
+        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
+        tok = mx.argmax(a, axis=-1).astype(mx.int32)
+    return worst
+
+
+def test_gap_helper_sees_identical_paths():
+    # the helper of the bitwise tests, on the CPU's reference path twice
+    assert largest_gap_between(load("dummy:tiny-qwen3")[0], ("reference", "reference"), 20, 4) == 0.0
+
+
 @pytest.mark.gpu
 def test_megakernel_equals_fused_bitwise():
     # the megakernel merges a head's attention splits in phase 1 (the last split group to finish),
     # the fused path in phase 2 (every group): the same arithmetic, so the same bits
     import kernels_metal
-    import numpy as np
 
     if kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
-    from metalgen.cache import make_prompt_cache
-    from metalgen.decode.path import make_step
-
-    model = load("dummy:qwen3-0.6b")[0]
-    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, 150), mx.int32)
-    steps = {}
-    for mode in ("fused", "megakernel_v1"):
-        cache = make_prompt_cache(model)
-        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
-        mx.eval(logits, [c.state for c in cache])
-        steps[mode] = make_step(model, cache, 150, 64, mode)
-    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-    worst = 0.0
-    for _ in range(40):  # positions 150..189: 3 splits a head
-        a = steps["fused"](tok)
-        b = steps["megakernel_v1"](tok)
-        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
-        tok = mx.argmax(a, axis=-1).astype(mx.int32)
-    assert worst == 0.0
+    # positions 150..189: 3 splits a head
+    assert largest_gap_between(load("dummy:qwen3-0.6b")[0], ("fused", "megakernel_v1"), 150, 40) == 0.0
 
 
 NEAR_TIE = 0.03  # router gap (k-th minus (k+1)-th score) in standard deviations of the scores
@@ -377,29 +388,10 @@ def test_near_ties_are_excused_and_nothing_else(router_gaps):
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
 def test_moe_megakernel_equals_fused_bitwise(shape):
     import kernels_metal
-    import numpy as np
 
     if kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
-    from metalgen.cache import make_prompt_cache
-    from metalgen.decode.path import make_step
-
-    model = load(f"dummy:{shape}")[0]
-    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, 150), mx.int32)
-    steps = {}
-    for mode in ("fused", "megakernel"):
-        cache = make_prompt_cache(model)
-        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
-        mx.eval(logits, [c.state for c in cache])
-        steps[mode] = make_step(model, cache, 150, 64, mode)
-    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-    worst = 0.0
-    for _ in range(20):
-        a = steps["fused"](tok)
-        b = steps["megakernel"](tok)
-        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
-        tok = mx.argmax(a, axis=-1).astype(mx.int32)
-    assert worst == 0.0
+    assert largest_gap_between(load(f"dummy:{shape}")[0], ("fused", "megakernel"), 150, 20) == 0.0
 
 
 def test_self_check_feeds_tokens_or_embeddings(qwen3):
@@ -564,24 +556,4 @@ def test_gpu_hybrid_quantized_megakernel_matches_plain(shape, router_gaps):
 def test_gpu_hybrid_megakernel_equals_fused_bitwise():
     # one body, two ways to run it: the same bits (the conv taps and states advance alike)
     _hybrid_gpu("megakernel")
-    import numpy as np
-
-    from metalgen.cache import make_prompt_cache
-    from metalgen.decode.path import make_step
-
-    model = load("dummy:tiny-qwen3.5")[0]
-    prompt = mx.array(np.random.default_rng(1).integers(0, 151936, 90), mx.int32)
-    steps = {}
-    for mode in ("fused", "megakernel"):
-        cache = make_prompt_cache(model)
-        logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
-        mx.eval(logits, [c.state for c in cache])
-        steps[mode] = make_step(model, cache, 90, 64, mode)
-    tok = mx.argmax(logits, axis=-1).astype(mx.int32)
-    worst = 0.0
-    for _ in range(20):
-        a = steps["fused"](tok)
-        b = steps["megakernel"](tok)
-        worst = max(worst, float(mx.max(mx.abs(a - b)).item()))
-        tok = mx.argmax(a, axis=-1).astype(mx.int32)
-    assert worst == 0.0
+    assert largest_gap_between(load("dummy:tiny-qwen3.5")[0], ("fused", "megakernel"), 90, 20) == 0.0

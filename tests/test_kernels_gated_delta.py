@@ -306,6 +306,19 @@ MG_FN uint32_t mg_as_uint(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 template <typename T> MG_FN float mg_to_float(T x) { return (float)x; }
 template <typename T> MG_FN T mg_from_float(float x) { return (T)x; }
 COMMON
+static std::vector<float> load(const char* name) {
+  std::vector<float> a;
+  FILE* f = fopen(name, "rb");
+  float x;
+  while (fread(&x, 4, 1, f) == 1) a.push_back(x);
+  fclose(f);
+  return a;
+}
+static void save(const char* name, const std::vector<float>& a) {
+  FILE* f = fopen(name, "wb");
+  fwrite(a.data(), 4, a.size(), f);
+  fclose(f);
+}
 """
 # ... then the decode step's kernel and its driver
 EMULATION = EMU_HEAD + r"""
@@ -314,14 +327,6 @@ void kernel(const T* q, const T* k, const T* v, const float* g, const float* bet
             const int* params, T* out, float* s_out, uint32_t mg_tid, uint32_t mg_nthreads, uint32_t mg_gid_x,
             uint32_t mg_lane, uint32_t mg_warp_id) {
 BODY
-}
-static std::vector<float> load(const char* name) {
-  std::vector<float> a;
-  FILE* f = fopen(name, "rb");
-  float x;
-  while (fread(&x, 4, 1, f) == 1) a.push_back(x);
-  fclose(f);
-  return a;
 }
 template <int DK, int DV, int NW>
 void run(int B, int Hk, int Hv) {
@@ -341,12 +346,8 @@ void run(int B, int Hk, int Hv) {
       });
     for (auto& th : threads) th.join();
   }
-  FILE* f = fopen("out", "wb");
-  fwrite(out.data(), 4, out.size(), f);
-  fclose(f);
-  f = fopen("s_out", "wb");
-  fwrite(s_out.data(), 4, s_out.size(), f);
-  fclose(f);
+  save("out", out);
+  save("s_out", s_out);
 }
 int main(int argc, char** argv) {
   const int B = atoi(argv[1]), Hk = atoi(argv[2]), Hv = atoi(argv[3]), DK = atoi(argv[4]), DV = atoi(argv[5]);
@@ -388,14 +389,6 @@ void kernel(const float* U, const float* W, const float* qd, const float* kd, co
             uint32_t mg_warp_id) {
 BODY
 }
-static std::vector<float> load(const char* name) {
-  std::vector<float> a;
-  FILE* f = fopen(name, "rb");
-  float x;
-  while (fread(&x, 4, 1, f) == 1) a.push_back(x);
-  fclose(f);
-  return a;
-}
 int main(int argc, char** argv) {
   const int BH = atoi(argv[1]), n = atoi(argv[2]);
   auto U = load("U"), W = load("W"), qd = load("qd"), kd = load("kd"), mix = load("mix"), gl = load("glast"),
@@ -414,12 +407,8 @@ int main(int argc, char** argv) {
       });
     for (auto& th : threads) th.join();
   }
-  FILE* f = fopen("out", "wb");
-  fwrite(out.data(), 4, out.size(), f);
-  fclose(f);
-  f = fopen("s_out", "wb");
-  fwrite(s_out.data(), 4, s_out.size(), f);
-  fclose(f);
+  save("out", out);
+  save("s_out", s_out);
   return 0;
 }
 """

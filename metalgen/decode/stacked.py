@@ -296,8 +296,7 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
             if qk_norm:
                 a.q_norm["weight"] = qkn[l, 0]
                 a.k_norm["weight"] = qkn[l, 1]
-            layer.input_layernorm["weight"] = norms[l, 0]
-            layer.post_attention_layernorm["weight"] = norms[l, 1]
+            _rebind_norms(layer, norms, l)
         if moe_stacks is not None:
             views += _rebind_moe(stack, moe_stacks, moe_st, names, gate_names)
         mx.eval(views)
@@ -312,6 +311,12 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
         has_bias=has_bias, qk_norm=qk_norm, dtype=dtype, embed=embed["weight"], wqkv=wqkv["weight"], bqkv=bqkv,
         qkn=qkn, wo=wo["weight"], wgu=wgu["weight"], wd=wd["weight"], norms=norms, fnorm=stack.norm.weight,
         rope_table=attn0._rope.table, moe=moe_stacks, quant=quant)
+
+
+def _rebind_norms(layer, norms, l: int) -> None:
+    """Point a layer's two norms at their rows of the stacked norms (L, 2, H)."""
+    layer.input_layernorm["weight"] = norms[l, 0]
+    layer.post_attention_layernorm["weight"] = norms[l, 1]
 
 
 def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
@@ -343,8 +348,7 @@ def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
                                if moe is not None else []))
     if rebind:
         for l, layer in enumerate(layers):
-            layer.input_layernorm["weight"] = norms[l, 0]
-            layer.post_attention_layernorm["weight"] = norms[l, 1]
+            _rebind_norms(layer, norms, l)
         if moe_st is not None:
             views += _rebind_moe(stack, m, moe_st, names, gate_names)
         mx.eval(views)
