@@ -1,11 +1,12 @@
 """Choosing the decode path, and the step function that generate_step runs after prefill.
 
 Modes: "plain" (the model's own MLX path, per-layer caches), "compiled" (the hybrid Gated DeltaNet
-stacks: the model's own layers traced by mx.compile, per-layer caches; "auto" on CUDA), "reference" (stacked weights, plain
-MLX ops: a check, not a speed-up), "fused" (decode_layer, one launch per phase), "megakernel"
-(CUDA: one launch per token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it
-was measured faster than plain, once it has passed its self-check on this model; plain on the CPU,
-on Metal, for other shapes and whenever the fast path cannot run).
+stacks: the model's own layers traced by mx.compile, per-layer caches; "auto" on CUDA where the
+megakernel cannot take them), "reference" (stacked weights, plain MLX ops: a check, not a speed-up;
+dense and MoE stacks), "fused" (decode_layer, one launch per phase), "megakernel" (CUDA: one launch per
+token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it was measured faster than
+plain, for MoE and for hybrid stacks, once it has passed its self-check on this model; plain on the
+CPU, on Metal, for other shapes and whenever the fast path cannot run).
 
 Kernel versions (docs/decode.md): "megakernel" and "fused" (and "auto") run version 2 of the body
 where `prefer_v2` says so (the shapes in AUTO_V2; the `*_v1`/`*_v2` modes pin one) and it passes
