@@ -1,6 +1,8 @@
 """Why the hybrid megakernel does or does not take a model: its stacking verdict, the kernel's start-up
 self-check error against the plain path, and per-step errors of a short teacher-forced run.
-Usage (GPU machine, repo root): PYTHONPATH=. python3 benchmarks/hybrid_mega_check.py SHAPE [SHAPE ...]"""
+Usage (GPU machine, repo root): PYTHONPATH=. python3 benchmarks/hybrid_mega_check.py SHAPE[@N] ...
+(SHAPE@N: the dummy shape, -4bit / -8bit included, cut to its first N layers; such a model also gets the
+float32 noise floor beside its errors)"""
 
 import sys
 import traceback
@@ -12,16 +14,14 @@ from metalgen.decode.check import step_errors, step_errors_vs_float32
 from metalgen.decode.gpu import MegakernelDecoder
 from metalgen.decode.path import self_check_plain, stacked_weights
 from metalgen.decode.stacked import unsupported_reason
-
-from metalgen.dummy import SHAPES
+from metalgen.dummy import SHAPES, parse_shape
 
 for shape in sys.argv[1:]:
-    # SHAPE@N: the shape cut to its first N layers
     name, _, layers = shape.partition("@")
-    base, _, quant = name.partition("-4bit")
     if layers:
-        SHAPES[base + "-cut"] = SHAPES[base] | {"num_hidden_layers": int(layers)}
-        name = base + "-cut" + ("-4bit" if quant or name.endswith("-4bit") else "")
+        base, bits = parse_shape(name)
+        SHAPES[f"{base}-cut{layers}"] = SHAPES[base] | {"num_hidden_layers": int(layers)}
+        name = f"{base}-cut{layers}" + (f"-{bits}bit" if bits else "")
     model = load(f"dummy:{name}")[0]
     print(f"{shape}: unsupported_reason = {unsupported_reason(model)}", flush=True)
     try:

@@ -507,6 +507,9 @@ def test_hybrid_stack_rejects_what_the_kernel_cannot_turn():
 
     model.model.spec = dataclasses.replace(model.model.spec, hybrid=dataclasses.replace(hy, rotary_dims=24))
     assert "rotary dims" in unsupported_reason(model)
+    linear_only = dataclasses.replace(hy, layer_types=("linear_attention",) * len(hy.layer_types))
+    model.model.spec = dataclasses.replace(model.model.spec, hybrid=linear_only)
+    assert "without attention layers" in unsupported_reason(model)
 
 
 def _hybrid_gpu(mode):

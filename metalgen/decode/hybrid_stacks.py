@@ -112,6 +112,8 @@ def unsupported_reason(stack):
         return "a Gated DeltaNet conv of one tap"
     if hy.attention_bias:
         return "attention biases in a hybrid stack"
+    if all(hy.is_linear(i) for i in range(len(stack.layers))):
+        return "a hybrid stack without attention layers"
     return None
 
 
@@ -136,15 +138,10 @@ def stack_hybrid(stack, names, dtype, rebind: bool):
         return {n: mx.zeros((1,), dtype) for n in names}
 
     qkv_parts = ("q_proj", "k_proj", "v_proj")
-    if attn:
-        a0 = layers[attn[0]].self_attn
-        qkv_sizes = a0._sizes()
-        wqkv = {n: mx.stack([_rows(layers[i].self_attn, "qkv_proj", qkv_parts, (n,))[n] for i in attn]) for n in names}
-        qkn = stk(lambda y, n: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]), attn, ("weight",))["weight"]
-        wo = stk(lambda y, n: y.self_attn.o_proj[n], attn)
-    else:  # pragma: no cover - every published hybrid stack has attention layers
-        qkv_sizes = ()
-        wqkv, qkn, wo = none(), mx.zeros((1,), dtype), none()
+    qkv_sizes = layers[attn[0]].self_attn._sizes()  # (unsupported_reason: there are attention layers)
+    wqkv = {n: mx.stack([_rows(layers[i].self_attn, "qkv_proj", qkv_parts, (n,))[n] for i in attn]) for n in names}
+    qkn = stk(lambda y, n: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]), attn, ("weight",))["weight"]
+    wo = stk(lambda y, n: y.self_attn.o_proj[n], attn)
     gu_parts = ("gate_proj", "up_proj")
 
     def gate_up(y, n):
