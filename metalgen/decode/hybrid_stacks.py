@@ -131,64 +131,46 @@ def stack_hybrid(stack, names, dtype, rebind: bool):
     moe = spec.moe
     dense = [i for i in range(len(layers)) if moe is None or not moe.is_sparse(i)]
 
-    def stk(f, which, params=names):
-        return {n: mx.stack([f(layers[i], n) for i in which]) for n in params}
+    views = []
 
-    def none():
-        return {n: mx.zeros((1,), dtype) for n in names}
+    def family(which, part: str, fused: str, parts=(), sizes=()):
+        """One family of weights stacked over the layers `which` ({param: (n, rows, ...)}: `fused` of the
+        layer's `part`, or its `parts` side by side), evaluated, and (rebind) the layers pointed at its
+        views before the next family is stacked: the old arrays go family by family, so at most one
+        family is held twice."""
+        st = {n: mx.stack([_rows(layers[i][part], fused, parts, (n,))[n] for i in which]) for n in names}
+        mx.eval(list(st.values()))
+        if rebind:
+            for o, i in enumerate(which):
+                views.extend(_rebind_rows(layers[i][part], fused, parts, sizes, st, o, names))
+            mx.eval(views)
+        return st
 
-    qkv_parts = ("q_proj", "k_proj", "v_proj")
-    qkv_sizes = layers[attn[0]].self_attn._sizes()  # (unsupported_reason: there are attention layers)
-    wqkv = {n: mx.stack([_rows(layers[i].self_attn, "qkv_proj", qkv_parts, (n,))[n] for i in attn]) for n in names}
-    qkn = stk(lambda y, n: mx.stack([y.self_attn.q_norm.weight, y.self_attn.k_norm.weight]), attn, ("weight",))["weight"]
-    wo = stk(lambda y, n: y.self_attn.o_proj[n], attn)
-    gu_parts = ("gate_proj", "up_proj")
-
-    def gate_up(y, n):
-        rows = _rows(y.mlp, "gate_up_proj", gu_parts, (n,))[n]
-        return rows.reshape(2, rows.shape[0] // 2, *rows.shape[1:])  # (2I, ...) -> (2, I, ...)
-
-    wgu = stk(gate_up, dense) if dense else none()
-    wd = stk(lambda y, n: y.mlp.down_proj[n], dense) if dense else none()
+    # unsupported_reason made sure there are attention layers
+    wqkv = family(attn, "self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj"), layers[attn[0]].self_attn._sizes())
+    wo = family(attn, "self_attn", "o_proj")
     in_names = layers[lin[0]].linear_attn._input_names()
-    in_sizes = layers[lin[0]].linear_attn._input_sizes()
-    wlin = {n: mx.stack([_rows(layers[i].linear_attn, "in_proj", in_names, (n,))[n] for i in lin]) for n in names}
-    wlo = stk(lambda y, n: y.linear_attn.out_proj[n], lin)
+    wlin = family(lin, "linear_attn", "in_proj", in_names, layers[lin[0]].linear_attn._input_sizes())
+    wlo = family(lin, "linear_attn", "out_proj")
+    # a dense feed-forward's gate and up as one (2I, H) block of rows: the kernel reads gate row r at r,
+    # up row r at I + r (the (L, 2, I, H) layout of the other stacks, in memory)
+    inter = spec.intermediate_size
+    none = {n: mx.zeros((1,), dtype) for n in names}
+    wgu = family(dense, "mlp", "gate_up_proj", ("gate_proj", "up_proj"), (inter, inter)) if dense else none
+    wd = family(dense, "mlp", "down_proj") if dense else none
+    qkn = mx.stack([mx.stack([layers[i].self_attn.q_norm.weight, layers[i].self_attn.k_norm.weight]) for i in attn])
     taps = ls.conv_kernel
     cw = mx.stack([layers[i].linear_attn.conv1d.weight.reshape(ls.conv_dim, taps) for i in lin]).astype(dtype)
     lpar = mx.stack([mx.stack([layers[i].linear_attn.A_log.astype(dtype), layers[i].linear_attn.dt_bias.astype(dtype)])
                      for i in lin])
     gnw = mx.stack([layers[i].linear_attn.norm.weight for i in lin]).astype(dtype)
-    hs = HybridStacks(attn, lin, ls.num_key_heads, ls.num_value_heads, ls.key_head_dim, ls.value_head_dim, taps,
-                      ls.layout == "qkvz", hy.rotary_dims, wlin["weight"], wlo["weight"], cw, lpar, gnw)
-    mx.eval([a for fam in (wqkv, wo, wgu, wd, wlin, wlo) for a in fam.values()] + [qkn, cw, lpar, gnw])
-    views = []
+    mx.eval(qkn, cw, lpar, gnw)
     if rebind:
         for o, i in enumerate(attn):
-            a = layers[i].self_attn
-            views += _rebind_rows(a, "qkv_proj", qkv_parts, qkv_sizes, wqkv, o, names)
-            for n in names:
-                a.o_proj[n] = wo[n][o, ...]
-                views.append(a.o_proj[n])
-            a.q_norm["weight"] = qkn[o, 0]
-            a.k_norm["weight"] = qkn[o, 1]
-        for o, i in enumerate(lin):
-            la = layers[i].linear_attn
-            views += _rebind_rows(la, "in_proj", in_names, in_sizes, wlin, o, names)
-            for n in names:
-                la.out_proj[n] = wlo[n][o, ...]
-                views.append(la.out_proj[n])
-        for d, i in enumerate(dense):
-            m = layers[i].mlp
-            for n in names:
-                if "gate_up_proj" in m:
-                    m.gate_up_proj[n] = wgu[n][d].reshape(-1, *wgu[n].shape[3:])
-                    views.append(m.gate_up_proj[n])
-                else:
-                    m.gate_proj[n], m.up_proj[n] = wgu[n][d, 0], wgu[n][d, 1]
-                    views += [m.gate_proj[n], m.up_proj[n]]
-                m.down_proj[n] = wd[n][d, ...]
-                views.append(m.down_proj[n])
+            layers[i].self_attn.q_norm["weight"] = qkn[o, 0]
+            layers[i].self_attn.k_norm["weight"] = qkn[o, 1]
+    hs = HybridStacks(attn, lin, ls.num_key_heads, ls.num_value_heads, ls.key_head_dim, ls.value_head_dim, taps,
+                      ls.layout == "qkvz", hy.rotary_dims, wlin["weight"], wlo["weight"], cw, lpar, gnw)
     return wqkv, qkn, wo, wgu, wd, hs, {"wlin": wlin, "wlo": wlo}, views
 
 
