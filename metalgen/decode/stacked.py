@@ -261,9 +261,7 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
     wd = stk(lambda y, n: y.mlp.down_proj[n], dense) if dense else none()
     norms = stk(lambda y, n: mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]),
                 params=("weight",))["weight"]
-    embed_tokens = getattr(stack, "embed_tokens", None)
-    embed = ({n: embed_tokens[n] for n in names} if embed_tokens is not None
-             else {n: mx.zeros((1, H), dtype) for n in names})
+    embed_tokens, embed = _embedding(stack, names, H, dtype)
     families = {"embed": embed, "wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd}
     arrays = [a for fam in families.values() for a in fam.values()] + [bqkv, qkn, norms]
     moe_stacks, moe_quant, moe_st = (_stack_moe(stack, moe, dense, dtype, names, gate_names) if moe is not None
@@ -300,17 +298,31 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
         if moe_stacks is not None:
             views += _rebind_moe(stack, moe_stacks, moe_st, names, gate_names)
         mx.eval(views)
-    quant = None
-    if qmain:
-        params = {k: (fam["scales"], fam["biases"]) for k, fam in families.items()}
-        params.update(moe_quant)
-        quant = QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
+    quant = _quant_stacks(qmain, qgate, families, moe_quant)
     return StackedWeights(
         hidden=H, layers=L, heads=Hq, kv_heads=Hkv, head_dim=D, inter=spec.intermediate_size,
         vocab=spec.vocab_size if embed_tokens is not None else 0, eps=float(spec.rms_norm_eps),
         has_bias=has_bias, qk_norm=qk_norm, dtype=dtype, embed=embed["weight"], wqkv=wqkv["weight"], bqkv=bqkv,
         qkn=qkn, wo=wo["weight"], wgu=wgu["weight"], wd=wd["weight"], norms=norms, fnorm=stack.norm.weight,
         rope_table=attn0._rope.table, moe=moe_stacks, quant=quant)
+
+
+def _embedding(stack, names, H: int, dtype):
+    """(the stack's token embedding or None, its params by name; a one-row placeholder the kernels
+    never read for a stack fed embeddings only)."""
+    embed_tokens = getattr(stack, "embed_tokens", None)
+    if embed_tokens is None:
+        return None, {n: mx.zeros((1, H), dtype) for n in names}
+    return embed_tokens, {n: embed_tokens[n] for n in names}
+
+
+def _quant_stacks(qmain, qgate, families, moe_quant) -> Optional[QuantStacks]:
+    """The QuantStacks of quantized stacks (None if dense): each family's (scales, biases), the MoE ones."""
+    if not qmain:
+        return None
+    params = {k: (fam["scales"], fam["biases"]) for k, fam in families.items()}
+    params.update(moe_quant)
+    return QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
 
 
 def _rebind_norms(layer, norms, l: int) -> None:
@@ -341,9 +353,7 @@ def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
             moe_quant = {k: (z, z) for k in ("wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")}
     m.ltab = hybrid_stacks.layer_table(stack, hs, {i: o for o, i in enumerate(sparse)}, dense)
     norms = mx.stack([mx.stack([y.input_layernorm.weight, y.post_attention_layernorm.weight]) for y in layers])
-    embed_tokens = getattr(stack, "embed_tokens", None)
-    embed = ({n: embed_tokens[n] for n in names} if embed_tokens is not None
-             else {n: mx.zeros((1, H), dtype) for n in names})
+    embed_tokens, embed = _embedding(stack, names, H, dtype)
     mx.eval([m.ltab, norms] + ([m.wr, m.wsgu, m.wsd, m.wsg] + [a for p in moe_quant.values() for a in p]
                                if moe is not None else []))
     if rebind:
@@ -352,12 +362,8 @@ def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
         if moe_st is not None:
             views += _rebind_moe(stack, m, moe_st, names, gate_names)
         mx.eval(views)
-    quant = None
-    if qmain:
-        families = {"embed": embed, "wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, **hquant}
-        params = {k: (fam["scales"], fam["biases"]) for k, fam in families.items()}
-        params.update(moe_quant)
-        quant = QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
+    families = {"embed": embed, "wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, **hquant}
+    quant = _quant_stacks(qmain, qgate, families, moe_quant)
     attn0 = layers[hs.attn_layers[0]].self_attn
     return StackedWeights(
         hidden=H, layers=L, heads=attn0.n_heads, kv_heads=attn0.n_kv_heads, head_dim=attn0.head_dim,
