@@ -84,9 +84,22 @@ def time_generation(
     return statistics.median(ttfts), statistics.median(rates), max(peaks)
 
 
-def metalgen_steps(model, decode: Optional[str] = None):
+# `metalgen bench`'s sampling settings (greedy, no penalty: the defaults of both engines)
+SAMPLING_DEFAULTS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                         repetition_context_size=20)
+
+
+def metalgen_steps(model, decode: Optional[str] = None, sampling: Optional[dict] = None, seed: int = 0):
+    """generate_step for time_generation, with `sampling` (SAMPLING_DEFAULTS' keys) seeded afresh each run."""
+    from .sampling import make_logits_processors, make_sampler
+
+    s = dict(SAMPLING_DEFAULTS, **(sampling or {}))
+
     def steps(prompt, n):
-        return generate_step(prompt, model, max_tokens=n, prefill_step_size=2048, decode=decode)
+        sampler = make_sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"], seed=seed)
+        procs = make_logits_processors(s["repetition_penalty"], s["repetition_context_size"])
+        return generate_step(prompt, model, max_tokens=n, prefill_step_size=2048, decode=decode, sampler=sampler,
+                             logits_processors=procs)
 
     return steps
 
@@ -159,7 +172,8 @@ def syncs_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8,
     return profiling.summarize_events(events)["syncs_per_token"]
 
 
-def mlx_lm_bench(source: str, *, dtype=None, prompt_tokens=128, gen_tokens=256, runs=3, seed=0) -> BenchResult:
+def mlx_lm_bench(source: str, *, dtype=None, prompt_tokens=128, gen_tokens=256, runs=3, seed=0,
+                 sampling: Optional[dict] = None) -> BenchResult:
     """mlx-lm on `source` (a folder, hub id or dummy:<shape>) in a process of its own, holding its own
     weights (metalgen/bench_mlx_lm.py), on the same seeded prompt as `run_bench`."""
     import json
@@ -171,7 +185,7 @@ def mlx_lm_bench(source: str, *, dtype=None, prompt_tokens=128, gen_tokens=256, 
     except ImportError:
         raise MetalgenError("--compare mlx-lm needs mlx-lm: pip install 'metalgen[bench]'")
     cmd = [sys.executable, "-m", "metalgen.bench_mlx_lm", source, str(prompt_tokens), str(gen_tokens), str(runs),
-           str(seed)] + ([str(dtype)] if dtype else [])
+           str(seed), str(dtype) if dtype else "-"] + ([json.dumps(dict(SAMPLING_DEFAULTS, **sampling))] if sampling else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     if r.returncode or not lines:
@@ -190,10 +204,11 @@ def add_comparison(report: Dict[str, object], theirs: BenchResult) -> Dict[str, 
 
 
 def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, seed=0, decode: Optional[str] = None,
-              profile: bool = False) -> Dict[str, object]:
+              profile: bool = False, sampling: Optional[dict] = None) -> Dict[str, object]:
     """Benchmark metalgen on `model` (`mlx_lm_bench` and `add_comparison` put mlx-lm beside it).
 
     decode: metalgen's decode path (metalgen.decode modes; None = the default, "auto").
+    sampling: settings by SAMPLING_DEFAULTS' keys (greedy without them).
     profile: also count MLX operations and host-device syncs per token, plain path and ours.
     """
     if prompt_tokens < 1 or gen_tokens < 2 or runs < 1:
@@ -202,7 +217,7 @@ def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, seed=0, decod
     prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens),
                       mx.int32)
     path = decode_path_name(model, decode)
-    ttft, rate, peak = time_generation(metalgen_steps(model, decode), prompt, gen_tokens, runs)
+    ttft, rate, peak = time_generation(metalgen_steps(model, decode, sampling, seed), prompt, gen_tokens, runs)
     results = [BenchResult("metalgen", prompt_tokens, gen_tokens, ttft * 1e3, prompt_tokens / ttft, rate, peak / 1e9)]
     nbytes = weight_bytes(model)
     bandwidth = copy_bandwidth()
@@ -214,6 +229,7 @@ def run_bench(model, *, prompt_tokens=128, gen_tokens=256, runs=3, seed=0, decod
         "copy_bandwidth_gbs": bandwidth / 1e9,
         "floor_decode_tps": bandwidth / active_weight_bytes(model),
         "decode_path": path,
+        "sampling": dict(SAMPLING_DEFAULTS, **(sampling or {})),
         "results": [dataclasses.asdict(r) for r in results],
     }
     if profile:

@@ -6,9 +6,10 @@ filled with the same seeded values metalgen's dummy gets (quantized as `mlx_lm.c
 -4bit / -8bit shape). Its own process means its memory is its own too: the parent lets go of its model
 first, so a 61 GB model is never held twice.
 
-    python -m metalgen.bench_mlx_lm MODEL PROMPT_TOKENS GEN_TOKENS RUNS SEED [DTYPE]
+    python -m metalgen.bench_mlx_lm MODEL PROMPT_TOKENS GEN_TOKENS RUNS SEED [DTYPE|-] [SAMPLING_JSON]
 
-prints one JSON object: the BenchResult fields.
+prints one JSON object: the BenchResult fields. SAMPLING_JSON holds the sampling settings of
+`metalgen bench` (bench.SAMPLING_DEFAULTS' keys), given to mlx-lm's own sampler and logits processors.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def build_model(source: str, dtype=None):
     return model
 
 
+def mlx_lm_sampling(settings: dict):
+    """mlx-lm's own sampler and logits processors for `metalgen bench`'s sampling settings (None, None:
+    its greedy default). mlx-lm applies top-p and min-p only strictly inside (0, 1), as we do."""
+    if not settings:
+        return None, None
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    sampler = make_sampler(temp=settings["temperature"], top_p=settings["top_p"], min_p=settings["min_p"],
+                           top_k=settings["top_k"])
+    penalty = settings["repetition_penalty"]
+    return sampler, make_logits_processors(repetition_penalty=penalty if penalty != 1.0 else None,
+                                           repetition_context_size=settings["repetition_context_size"])
+
+
 def main(argv=None) -> int:
     import mlx.core as mx
     import numpy as np
@@ -80,12 +95,16 @@ def main(argv=None) -> int:
 
     source, prompt_tokens, gen_tokens, runs, seed, *rest = (argv or sys.argv[1:])
     prompt_tokens, gen_tokens, runs, seed = int(prompt_tokens), int(gen_tokens), int(runs), int(seed)
-    model = build_model(source, parse_dtype(rest[0]) if rest else None)
+    dtype = rest[0] if rest and rest[0] != "-" else None
+    model = build_model(source, parse_dtype(dtype) if dtype else None)
+    sampler, processors = mlx_lm_sampling(json.loads(rest[1]) if len(rest) > 1 else {})
+    mx.random.seed(seed)
     vocab = vocab_size(model.args)
     prompt = mx.array(np.random.default_rng(seed).integers(0, min(vocab, 150000), prompt_tokens), mx.int32)
 
     def steps(p, n):
-        return generate_step(p, model, max_tokens=n, prefill_step_size=2048)
+        return generate_step(p, model, max_tokens=n, prefill_step_size=2048, sampler=sampler,
+                             logits_processors=processors)
 
     ttft, rate, peak = time_generation(steps, prompt, gen_tokens, runs)
     res = BenchResult("mlx-lm", prompt_tokens, gen_tokens, ttft * 1e3, prompt_tokens / ttft, rate, peak / 1e9)

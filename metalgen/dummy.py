@@ -147,22 +147,31 @@ def tokenizer_folder() -> Path:
     return Path(str(resources.files("metalgen") / "assets" / TOKENIZER_ASSET))
 
 
-def parse_shape(name: str) -> Tuple[str, int]:
-    """'qwen3-30b-a3b-4bit' -> ('qwen3-30b-a3b', 4); no suffix -> bits 0."""
-    m = re.fullmatch(r"(.+)-(4|8)bit", name)
-    base, bits = (m.group(1), int(m.group(2))) if m else (name, 0)
+def parse_quantized(name: str) -> Tuple[str, int, int]:
+    """'qwen3-8b-4bit' -> ('qwen3-8b', 4, 64); 'qwen3-8b-4bit-g32' -> ('qwen3-8b', 4, 32); no suffix ->
+    bits 0. The group size defaults to mlx_lm.convert's 64; community conversions also use 32 and 128."""
+    m = re.fullmatch(r"(.+)-(4|8)bit(?:-g(32|64|128))?", name)
+    if m:
+        base, bits, group = m.group(1), int(m.group(2)), int(m.group(3) or QUANT_GROUP_SIZE)
+    else:
+        base, bits, group = name, 0, 0
     if base not in SHAPES:
         raise MetalgenError(f"unknown dummy shape '{name}' (known: {', '.join(SHAPES)}; "
-                            "any of them with -4bit or -8bit)")
-    return base, bits
+                            "any of them with -4bit or -8bit, and -g32 or -g128 for other group sizes)")
+    return base, bits, group
+
+
+def parse_shape(name: str) -> Tuple[str, int]:
+    """'qwen3-30b-a3b-4bit' -> ('qwen3-30b-a3b', 4); no suffix -> bits 0."""
+    return parse_quantized(name)[:2]
 
 
 def dummy_config(shape: str) -> Dict[str, Any]:
     """The config of `dummy:<shape>`, with its MLX `quantization` entry for a -4bit / -8bit shape."""
-    base, bits = parse_shape(shape)
+    base, bits, group = parse_quantized(shape)
     config = dict(SHAPES[base], eos_token_ids=list(_QWEN_EOS))
     if bits:
-        config["quantization"] = {"group_size": QUANT_GROUP_SIZE, "bits": bits}
+        config["quantization"] = {"group_size": group, "bits": bits}
     return config
 
 

@@ -80,9 +80,15 @@ def decode_step(
         # a prompt's last chunk, like the others, a layer at a time; a decode step stays one graph
         h = model.hidden(inputs[None], cache=cache, layer_by_layer=inputs.size > 1)
         logits = model.logits(h[:, -1, :])
+    return process_and_sample(logits, sampler, processors, history, tracer)
+
+
+def process_and_sample(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
+                       history: Optional[mx.array], tracer=_NULL_TRACER) -> Tuple[mx.array, mx.array]:
+    """Enqueue the logits processors and the sampler on `logits` (1, V): lazy (token (1,), logprob (1,))."""
+    with tracer.span("sample", sync=False):
         for processor in processors:
             logits = processor(history, logits)
-    with tracer.span("sample", sync=False):
         return sampler(logits)
 
 
@@ -107,9 +113,9 @@ def generate_step(
         prompt_cache: per-layer caches to fill (fresh ones by default); reusable afterwards.
         prefill_step_size: prompt tokens per prefill chunk.
         decode: the decode path after prefill (metalgen.decode: "auto", "plain", "fused",
-            "megakernel", "reference"); None is "auto". The stacked
-            paths are used only without logits processors and without a caller's prompt_cache
-            (they keep their own cache); otherwise decoding stays on the plain path.
+            "megakernel", "reference"); None is "auto". Logits processors and the sampler run
+            on the device after any path. The stacked paths are used only without a caller's
+            prompt_cache (they keep their own cache); with one, decoding stays on the plain path.
     """
     sampler = sampler or make_sampler()
     cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
@@ -120,7 +126,7 @@ def generate_step(
     y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
     mx.async_eval(y, logprob)
     fast = None
-    if max_tokens > 1 and not processors and prompt_cache is None:
+    if max_tokens > 1 and prompt_cache is None:
         from .decode import make_step
 
         fast = make_step(model, cache, int(prompt.size), max_tokens, decode)
@@ -130,14 +136,13 @@ def generate_step(
     while n < max_tokens:
         if n + 1 < max_tokens:
             # Enqueue step n+1 on the device before reading token n back.
+            if processors:
+                history = mx.concatenate([history, y])
             if fast is not None:
                 with tracer.span("decode_step", tokens=1, sync=False):
                     logits = fast(y)
-                with tracer.span("sample", sync=False):
-                    next_y, next_logprob = sampler(logits)
+                next_y, next_logprob = process_and_sample(logits, sampler, processors, history, tracer)
             else:
-                if processors:
-                    history = mx.concatenate([history, y])
                 next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history,
                                                    tracer)
             mx.async_eval(next_y, next_logprob)

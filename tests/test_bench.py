@@ -17,7 +17,8 @@ def test_bench_reference_path_with_profile():
 
 
 def test_compare_runs_mlx_lm_in_its_own_process(capsys, tmp_path):
-    # mlx-lm holds its own weights in a child process; the report carries both engines and the ratios
+    # mlx-lm holds its own weights in a child process, and samples with the settings we sample with; the
+    # report carries both engines, the ratios and the settings
     import json
 
     import pytest
@@ -27,8 +28,10 @@ def test_compare_runs_mlx_lm_in_its_own_process(capsys, tmp_path):
 
     out = tmp_path / "rep.json"
     assert main(["bench", "--model", "dummy:tiny-qwen3", "--prompt-tokens", "8", "--gen-tokens", "4", "--runs", "1",
-                 "--compare", "mlx-lm", "--json", str(out)]) == 0
+                 "--compare", "mlx-lm", "--json", str(out), "--temp", "0.7", "--top-p", "0.9",
+                 "--repetition-penalty", "1.1"]) == 0
     rep = json.loads(out.read_text())
+    assert rep["sampling"]["top_p"] == 0.9 and rep["sampling"]["repetition_penalty"] == 1.1
     assert [r["engine"] for r in rep["results"]] == ["metalgen", "mlx-lm"]
     assert rep["results"][1]["decode_tps"] > 0 and rep["decode_ratio"] > 0
     assert "metalgen / mlx-lm: decode" in capsys.readouterr().out
@@ -62,3 +65,21 @@ def test_mlx_lm_reads_the_dummy_configs_as_published():
         vocab_size = 45
 
     assert vocab_size(Wrapper()) == 123 and vocab_size(Flat()) == 45
+
+
+def test_mlx_lm_gets_our_sampling_settings():
+    import pytest
+
+    pytest.importorskip("mlx_lm")
+    import mlx.core as mx
+
+    from metalgen.bench import SAMPLING_DEFAULTS
+    from metalgen.bench_mlx_lm import mlx_lm_sampling
+
+    assert mlx_lm_sampling({}) == (None, None)
+    sampler, procs = mlx_lm_sampling(dict(SAMPLING_DEFAULTS, repetition_penalty=1.5, repetition_context_size=2))
+    logits = mx.array([[2.0, 2.0, -1.0, 0.5]])
+    out = procs[0](mx.array([0, 1, 2]), logits)  # the last 2 tokens (1, 2) penalised
+    assert mx.allclose(out, mx.array([[2.0, 2.0 / 1.5, -1.5, 0.5]])).item()
+    assert sampler(out).item() == 0  # greedy at temperature 0
+    assert mlx_lm_sampling(SAMPLING_DEFAULTS)[1] == []

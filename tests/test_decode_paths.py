@@ -7,6 +7,7 @@ import subprocess
 import mlx.core as mx
 import pytest
 
+import kernels_metal as K
 from kernels_metal import source as S
 from metalgen.api import load
 from metalgen.decode import decoder_for, stacked_weights
@@ -66,13 +67,15 @@ def test_reference_matches_plain_on_moe(moe_model):
     assert a == b
 
 
-@pytest.mark.parametrize("shape", ["tiny-qwen3-4bit", "tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit"])
+@pytest.mark.parametrize("shape", ["tiny-qwen3-4bit", "tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit",
+                                   "tiny-qwen3-4bit-g32", "tiny-qwen3-8bit-g128"])
 def test_reference_matches_plain_on_quantized(shape):
     # MLX-quantized stacks (words, scales and biases stacked alike) through the same arithmetic as plain
     model = load(f"dummy:{shape}")[0]
     w = stacked_weights(model)
     assert w.quant is not None and w.wqkv.dtype == mx.uint32 and w.dtype == mx.bfloat16
-    assert (w.quant.bits, w.quant.group_size) == ((8, 64) if shape.endswith("8bit") else (4, 64))
+    assert (w.quant.bits, w.quant.group_size) == (8 if "8bit" in shape else 4,
+                                                  int(shape.split("-g")[-1]) if "-g" in shape else 64)
     if w.moe is not None:
         assert w.quant.gate_bits == 8  # mlx_lm.convert's routers (qwen3_moe), or all at 8 bits
         assert w.moe.wgx is model.model.expert_stacks().arrays["gate_proj.weight"]
@@ -337,7 +340,8 @@ def assert_close_except_near_ties(ok, gaps):
 
 @pytest.mark.gpu
 # tiny-qwen3-moe-4bit: dense layer 1 and two sparse layers, hidden 128 (two groups a row)
-@pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit"])
+@pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit",
+                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen2.5-0.5b-8bit-g32"])
 def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
     # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
     import kernels_metal
@@ -433,26 +437,30 @@ def test_flip_barrier_arithmetic():
                 assert w == (start ^ 0x80000000)
 
 
-def test_auto_lists_only_checked_shapes():
-    from metalgen.decode.path import AUTO_GPU, auto_shape_key
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen3-4bit", "tiny-qwen2-moe"])
+def test_auto_takes_the_megakernel_by_rule(shape, monkeypatch, capsys):
+    # "auto" on CUDA builds the megakernel for any stack (no list of shapes: these tiny shapes were never
+    # measured), and a build that fails falls back to plain with its reason under --verbose
+    import metalgen.decode.path as P
 
-    from metalgen.decode.path import AUTO_V2
+    built = []
 
-    assert "metal" not in AUTO_GPU
-    for be, shapes in AUTO_V2.items():
-        assert shapes <= AUTO_GPU.get(be, set())
-    from metalgen.dummy import dummy_config
-    from metalgen.models import qwen2, qwen3
+    def build(model, mode, version=1):
+        built.append(mode)
+        raise ValueError("the decode kernels need head_dim in {64, 128, 192, 256}")
 
-    for shape in ("qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b"):
-        cfg = dummy_config(shape)
-        args = (qwen3 if cfg["model_type"] == "qwen3" else qwen2).ModelArgs.from_dict(cfg)
-
-        class Shape:  # auto_shape_key reads `spec` only (no weights: a 4B dummy takes minutes on a CPU)
-            spec = args.to_spec()
-
-        assert auto_shape_key(Shape) in AUTO_GPU["cuda"]
-    assert auto_shape_key(Shape) != auto_shape_key(load("dummy:tiny-qwen3")[0])
+    model, _ = load(f"dummy:{shape}")
+    monkeypatch.setattr(P, "_build", build)
+    monkeypatch.setattr(P.K, "backend", lambda: "cuda")
+    K.set_verbose(True)
+    try:
+        assert P.decoder_for(model, "auto") is None
+    finally:
+        K.set_verbose(False)
+    assert built == ["megakernel"]
+    assert "head_dim in {64, 128, 192, 256}" in capsys.readouterr().err
+    monkeypatch.setattr(P.K, "backend", lambda: "metal")  # no default fast path there yet
+    assert P.decoder_for(model, "auto") is None and built == ["megakernel"]
 
 
 # ------------------------------------------------------------------ hybrid Gated DeltaNet stacks

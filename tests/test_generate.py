@@ -146,3 +146,27 @@ def test_chunked_prefill_trace_and_equivalence(tiny):
     assert chunked == whole
     prefill = [json.loads(l) for l in buf.getvalue().splitlines() if '"prefill"' in l]
     assert [e["tokens"] for e in prefill] == [16, 16, 8]
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.05])
+def test_logits_processors_and_sampling_run_on_the_stacked_path(tiny, penalty):
+    # the repetition penalty and a seeded top-p draw after a stacked decode path (reference: the CPU's
+    # stacked path) give the plain path's tokens, with one readback a token; a penalty far below 1 makes the
+    # recent tokens near-certain picks, so there the draw must differ from one without the penalty
+    from metalgen.sampling import make_logits_processors, make_sampler
+
+    model, _ = tiny
+    prompt = mx.array([5, 9, 5, 9, 5, 9, 17], mx.int32)
+    runs = {}
+    for mode in ("plain", "reference", "reference_nopen"):
+        buf = io.StringIO()
+        procs = [] if mode.endswith("nopen") else make_logits_processors(penalty, 8)
+        runs[mode] = [t for t, _ in generate_step(
+            prompt, model, max_tokens=24, sampler=make_sampler(0.8, top_p=0.9, seed=3), logits_processors=procs,
+            decode=mode.split("_")[0], tracer=Tracer(buf))]
+        syncs = [json.loads(line)["phase"] for line in buf.getvalue().splitlines() if json.loads(line).get("sync")]
+        assert syncs == ["readback"] * 24
+    assert runs["plain"] == runs["reference"]
+    if penalty < 1:
+        assert runs["reference"] != runs["reference_nopen"]
+        assert len(set(runs["reference"])) < len(set(runs["reference_nopen"]))

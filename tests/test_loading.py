@@ -71,6 +71,18 @@ def test_dummy_models_have_real_shapes():
         metalgen.load("dummy:nope")
 
 
+def test_dummy_quantized_names_give_bits_and_group_size():
+    from metalgen.dummy import dummy_config, parse_quantized
+
+    assert parse_quantized("qwen3-8b-4bit") == ("qwen3-8b", 4, 64)
+    assert parse_quantized("qwen3-8b-8bit-g32") == ("qwen3-8b", 8, 32)
+    assert parse_quantized("qwen3-8b") == ("qwen3-8b", 0, 0)
+    assert dummy_config("tiny-qwen3-4bit-g128")["quantization"] == {"group_size": 128, "bits": 4}
+    for bad in ("qwen3-8b-4bit-g16", "qwen3-8b-g32", "qwen3-8b-3bit"):
+        with pytest.raises(MetalgenError, match="unknown dummy shape"):
+            parse_quantized(bad)
+
+
 # --- bad input: one clear line each -------------------------------------------------------
 
 

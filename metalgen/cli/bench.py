@@ -25,6 +25,13 @@ def add_parser(sub) -> None:
                    default="auto", help="decode path after prefill (docs/decode.md); default: %(default)s")
     p.add_argument("--profile", action="store_true",
                    help="also count MLX operations and host-device syncs per token (plain vs ours)")
+    g = p.add_argument_group("sampling (text models; greedy by default, mlx-lm given the same settings)")
+    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 disables")
+    g.add_argument("--top-p", type=float, default=1.0, help="1.0 disables")
+    g.add_argument("--min-p", type=float, default=0.0, help="0.0 disables")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 disables")
+    g.add_argument("--repetition-context-size", type=int, default=20)
     t = p.add_argument_group("text to speech (--tts)")
     t.add_argument("--tts", action="store_true",
                    help="benchmark the Qwen3-TTS frame loop: ms per frame (talker, 15 code-predictor "
@@ -35,7 +42,7 @@ def add_parser(sub) -> None:
     t.add_argument("--first-chunk-frames", type=int, default=2,
                    help="frames in the first streamed chunk (then doubling up to --chunk-frames); "
                         "default %(default)s")
-    t.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the prompt and the draws")
 
 
 def format_table(report) -> str:
@@ -52,6 +59,9 @@ def format_table(report) -> str:
             f"{r['prefill_tps']:>14.0f} {r['decode_tps']:>13.1f} "
             f"{100 * r['decode_tps'] / report['floor_decode_tps']:>7.1f}% {r['peak_memory_gb']:>8.2f}"
         )
+    sampling = report.get("sampling", {})
+    if sampling.get("temperature") or sampling.get("repetition_penalty", 1.0) != 1.0:
+        lines.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))
     if "decode_ratio" in report:
         lines.append(f"metalgen / mlx-lm: decode {report['decode_ratio']:.2f}x, "
                      f"prefill {report['prefill_ratio']:.2f}x")
@@ -113,10 +123,16 @@ def run(args: argparse.Namespace) -> int:
     from ..api import load
     from ..bench import run_bench
 
+    from ..sampling import make_logits_processors, validate_sampling
+
+    validate_sampling(args.temp, args.top_k, args.top_p, args.min_p)
+    make_logits_processors(args.repetition_penalty, args.repetition_context_size)  # its checks
+    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size)
     source = args.model or "dummy:qwen2.5-0.5b"
     model, _ = load(source, dtype=args.dtype)
     report = run_bench(model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                       runs=args.runs, decode=args.decode, profile=args.profile)
+                       runs=args.runs, decode=args.decode, profile=args.profile, sampling=sampling, seed=args.seed)
     report["model"] = source
     if args.compare == "mlx-lm":
         # mlx-lm in its own process on its own weights; ours are let go first, so that a big model is
@@ -131,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
         mx.clear_cache()
         add_comparison(report, mlx_lm_bench(source, dtype=args.dtype, prompt_tokens=args.prompt_tokens,
-                                            gen_tokens=args.gen_tokens, runs=args.runs))
+                                            gen_tokens=args.gen_tokens, runs=args.runs, seed=args.seed,
+                                            sampling=sampling))
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as f:

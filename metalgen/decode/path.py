@@ -4,9 +4,9 @@ Modes: "plain" (the model's own MLX path, per-layer caches), "compiled" (the hyb
 stacks: the model's own layers traced by mx.compile, per-layer caches; "auto" on CUDA where the
 megakernel cannot take them), "reference" (stacked weights, plain MLX ops: a check, not a speed-up;
 dense and MoE stacks), "fused" (decode_layer, one launch per phase), "megakernel" (CUDA: one launch per
-token), "auto" (the megakernel on CUDA for the shapes in AUTO_GPU, where it was measured faster than
-plain, for MoE and for hybrid stacks, once it has passed its self-check on this model; plain on the
-CPU, on Metal, for other shapes and whenever the fast path cannot run).
+token), "auto" (on CUDA the megakernel for every stack its templates take, dense, MoE or hybrid, once it
+has passed its self-check on this model, and the compiled path for a hybrid stack it cannot take; plain
+on the CPU, on Metal, and whenever the fast path cannot run).
 
 Kernel versions (docs/decode.md): "megakernel" and "fused" (and "auto") run version 2 of the body
 where `prefer_v2` says so (the shapes in AUTO_V2; the `*_v1`/`*_v2` modes pin one) and it passes
@@ -42,43 +42,27 @@ CHECK_RTOL = 6e-2
 # failed kernel (unrelated logits are ~1.4 apart); the GPU tests hold the kernel to plain on the tiny
 # sparse stacks (tests/test_decode_paths.py).
 CHECK_RTOL_SPARSE_HYBRID = 0.9
-# "auto" picks a stacked GPU path only on the backends and shapes where it was measured faster than
-# plain AND passed the 256-step check against plain: relative 2e-2 at every step, or, where plain
-# bf16 is itself that far from float32, no further from float32 than plain bf16 (docs/decode.md).
-# Shape key: (hidden, layers, intermediate, heads, kv_heads, head_dim, qk_norm, qkv_bias).
-# H200, MLX 0.32.4, bf16 (third session): megakernel 1141 vs mlx-lm 156-261 tok/s (qwen2.5-0.5b,
-# max err 0.0201), 1004 vs 184-277 (qwen3-0.6b, 0.0140), 306 vs 168-183 (qwen3-4b: 0.0448 vs plain,
-# 0.0442 vs float32 where plain bf16 is 0.0478 from float32). Not listed: the fused path
-# (launch-bound, slower than plain).
-AUTO_GPU = {
-    "cuda": {
-        (896, 24, 4864, 14, 2, 64, False, True),  # qwen2.5-0.5b
-        (1024, 28, 3072, 16, 8, 128, True, False),  # qwen3-0.6b
-        (2560, 36, 9728, 32, 8, 128, True, False),  # qwen3-4b
-    },
-}
-# Shapes (AUTO_GPU's key) where version 2 of the decode body is tried first (then version 1 if its
+# "auto" on these backends takes the megakernel for every stack that its templates accept (the
+# decoder's constructor names what they do not: head_dim outside {64, 128, 192, 256}, a float32 stack,
+# a quantization other than 4/8-bit in groups of 32-128, ...) and that passes the start-up self-check:
+# a rule, not a list of shapes. Why a rule holds: docs/decode.md, "Auto" (TODO-MEASURE).
+AUTO_MEGAKERNEL = {"cuda"}
+# Shapes (auto_shape_key) where version 2 of the decode body is tried first (then version 1 if its
 # self-check fails). Empty: on the H200 (benchmarks/decode_h200_final.txt) version 2 measured
 # within run-to-run noise of version 1 (820 vs 793 tok/s on qwen2.5-0.5b, 654 vs 643 on
 # qwen3-0.6b, 226 vs 228 on qwen3-4b), and its qwen2.5-0.5b error vs plain was 0.0208 (v1 0.0197).
 AUTO_V2 = {
     "cuda": set(),
 }
-# MoE decoders (sparse layers) take the megakernel on CUDA after its self-check, whatever their sizes:
-# the plain path runs ~30 MLX operations a sparse layer (benchmarks/results/, docs/decode.md)
-AUTO_MOE = {"cuda"}
 # hybrid (Gated DeltaNet) stacks take the compiled path under "auto" on these backends
 # (2026-11-23, H200, Qwen3.5-35B-A3B 4-bit, prompt 128: 91.7 tok/s, plain 51.5, mlx-lm 44.0-50.2;
 # benchmarks/results/hybrid_h200_2026-11-23.txt)
 AUTO_COMPILED = {"cuda"}
-# hybrid stacks take the megakernel under "auto" on these backends, after its self-check against the
-# plain path (then the compiled path where it cannot run)
-AUTO_HYBRID = {"cuda"}
 _registry: Dict[int, Tuple[weakref.ref, dict]] = {}
 
 
 def auto_shape_key(model) -> Optional[tuple]:
-    """The key that AUTO_GPU lists shapes by (None if the model has no decoder spec)."""
+    """The key that AUTO_V2 lists shapes by (None if the model has no decoder spec)."""
     sp = getattr(model, "spec", None)
     if sp is None:
         return None
@@ -183,29 +167,23 @@ def _split_mode(mode: str):
     return mode, None
 
 
-def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[str, set]] = None):
+def decoder_for(model, mode: Optional[str] = None):
     """The decoder object of `mode` for `model` (None for the plain path). `model` is a CausalLM,
     or a bare DecoderModel that is fed embeddings (the speech talker and code predictor).
     Explicit GPU modes raise MetalgenError where they cannot run; "auto" falls back to plain
-    quietly (say why with kernels_metal.set_verbose(True)). `auto_shapes` replaces AUTO_GPU as
-    the list of shapes "auto" takes a fast path for (the speech stacks keep their own)."""
+    quietly (say why with kernels_metal.set_verbose(True))."""
     mode = mode or "auto"
     _check_mode(mode)
     if mode in ("plain", "compiled"):  # compiled: not a stacked decoder (make_step builds it)
         return None
     backend = K.backend()
     if mode == "auto":
-        # only where measured faster and checked (AUTO_GPU above); the start-up self-check still runs
-        shapes = AUTO_GPU if auto_shapes is None else auto_shapes
-        moe = getattr(getattr(model, "spec", None), "moe", None) is not None
-        hybrid = getattr(getattr(model, "spec", None), "hybrid", None) is not None
-        if backend == "cpu" or not (auto_shape_key(model) in shapes.get(backend, ()) or (moe and backend in AUTO_MOE)
-                                    or (hybrid and backend in AUTO_HYBRID)):
+        if backend not in AUTO_MEGAKERNEL:
             if K.verbose() and backend != "cpu":
-                print("[metalgen.decode] auto: the plain path (this shape is not among the measured ones)",
-                      file=sys.stderr)
+                print(f"[metalgen.decode] auto: the plain path (no fast path is the default on {backend} yet: "
+                      "docs/decode.md)", file=sys.stderr)
             return None
-        mode = "megakernel" if backend == "cuda" else "fused"
+        mode = "megakernel"
         explicit = False
     else:
         explicit = True
@@ -218,6 +196,8 @@ def decoder_for(model, mode: Optional[str] = None, auto_shapes: Optional[Dict[st
     if reason:
         if explicit:
             raise MetalgenError(f"the {mode} decode path cannot run this model: {reason}")
+        if K.verbose():
+            print(f"[metalgen.decode] auto: the plain path ({reason})", file=sys.stderr)
         return None
     entry = _entry(model)
     if pinned is not None or base == "reference":

@@ -69,18 +69,6 @@ class SamplingConfig:
             raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
 
 
-# Shapes (metalgen.decode.auto_shape_key) where decode "auto" runs the talker or the code
-# predictor on the CUDA decode megakernel (after its start-up self-check); plain elsewhere.
-# Measured on the H200: docs/tts.md.
-TTS_AUTO_GPU = {
-    "cuda": {
-        (1024, 28, 3072, 16, 8, 128, True, False),  # 0.6B talker
-        (2048, 28, 6144, 16, 8, 128, True, False),  # 1.7B talker
-        (1024, 5, 3072, 16, 8, 128, True, False),  # code predictor (both sizes)
-    },
-}
-
-
 class FrameGenerator:
     """Generates frames of G codes for one prompt. Iterate `frames()`; each item is an
     (G,) int32 numpy array. Stops on the codec EOS (never returned) or after max_frames.
@@ -125,8 +113,8 @@ class FrameGenerator:
         self.talker_logits = []  # raw talker logits per frame (record_logits)
         self.cp_logits = []  # raw code-predictor logits per frame, (G-1, vocab) (record_logits)
         mode = decode or "auto"
-        self.talker_dec = decoder_for(self.talker.model, mode, TTS_AUTO_GPU)
-        self.cp_dec = decoder_for(self.cp.model, mode, TTS_AUTO_GPU)
+        self.talker_dec = decoder_for(self.talker.model, mode)
+        self.cp_dec = decoder_for(self.cp.model, mode)
         self.cp_state = None
         if self.cp_dec is not None:
             from ..decode import empty_state
