@@ -27,6 +27,7 @@ __all__ = [
     "rope",
     "mrope",
     "decode_attention",
+    "kv_store",
     "linear",
     "quantized_linear",
     "sample",
@@ -138,6 +139,15 @@ def decode_attention(q, k, v, length, scale):
     return _impl_for("decode_attention", length=int(length)).decode_attention(
         q, k, v, int(length), float(scale)
     )
+
+
+def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
+    """Write k, v (1, Hkv, n, D) into layer `layer` of a stacked KV cache kc, vc (L, Hkv, C, D) at positions
+    start ..; returns (kc, vc, sync). On a GPU one launch that writes the cache in place (the next launch on
+    the cache takes `sync` as its ordering input), on the CPU a slice update."""
+    if start + k.shape[2] > kc.shape[2]:
+        raise ValueError(f"kv_store: positions up to {start + k.shape[2]} past the cache capacity {kc.shape[2]}")
+    return _impl_for("kv_store").kv_store(kc, vc, k, v, int(layer), int(start), dep)
 
 
 def linear(x, weight, bias=None):

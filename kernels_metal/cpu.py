@@ -52,6 +52,10 @@ def mrope(x, table, position_ids, mrope_section, interleaved):
     return ref.mrope(x, table, position_ids, mrope_section, interleaved)
 
 
+def kv_store(kc, vc, k, v, layer, start, dep=None):
+    return ref.kv_store(kc, vc, k, v, layer, start, dep)
+
+
 def decode_attention(q, k, v, length, scale):
     return mx.fast.scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], scale=scale)
 

@@ -53,7 +53,7 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
 ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
-                           "gated_delta", "gated_delta_conv_step"})
+                           "gated_delta", "gated_delta_conv_step", "kv_store"})
 # (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
 # delta rule has no built-in: its decode step is the kernel, a prompt the chunked form, whose scan over
 # chunks is the gated_delta_scan kernel)
@@ -224,6 +224,23 @@ def attention_splits(n_groups: int, length: int) -> int:
     """How many chunks decode attention splits the context into (1 = no split)."""
     want = -(-ATTN_TARGET_GROUPS // max(1, n_groups))
     return max(1, min(want, -(-length // ATTN_MIN_CHUNK)))
+
+
+def kv_store(kc, vc, k, v, layer, start, dep=None):
+    """The kv_store kernel: k, v (1, Hkv, n, D) written into layer `layer` of kc, vc (L, Hkv, C, D) at
+    positions start .. start + n - 1, in place. Returns (kc, vc, sync): the same buffers, made to depend on
+    the write (`mx.depends`), and the write's ordering output for the next launch on the cache."""
+    _, Hkv, n, D = k.shape
+    if kc.dtype not in _GPU_DTYPES or k.dtype != kc.dtype or v.dtype != kc.dtype or n == 0:
+        return ref.kv_store(kc, vc, k, v, layer, start, dep)
+    dep = mx.zeros((1,), mx.uint32) if dep is None else dep
+    total = Hkv * n * D
+    (sync,) = kernel("kv_store")(
+        inputs=[kc, vc, k, v, _i32(layer, start, n, kc.shape[2], Hkv, D), dep], template=[("T", kc.dtype)],
+        grid=(-(-total // 256) * 256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(1,)],
+        output_dtypes=[mx.uint32])
+    kc, vc = mx.depends([kc, vc], [sync])
+    return kc, vc, sync
 
 
 def decode_attention(q, k, v, length, scale, nsplit=None):

@@ -165,6 +165,18 @@ def mrope(x, table: RopeTable, position_ids, mrope_section, interleaved: bool) -
 # Decode attention
 
 
+def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
+    """k, v (1, Hkv, n, D) into layer `layer` of the stacked cache kc, vc (L, Hkv, C, D) at positions
+    start .. start + n - 1. Returns (kc, vc, sync): the updated caches (new arrays here; the GPU kernel
+    writes in place) and an ordering output (1,) uint32."""
+    n = k.shape[2]
+    if start + n > kc.shape[2]:
+        raise ValueError(f"kv_store: positions up to {start + n} past the cache capacity {kc.shape[2]}")
+    kc[layer, :, start:start + n, :] = k[0].astype(kc.dtype)
+    vc[layer, :, start:start + n, :] = v[0].astype(vc.dtype)
+    return kc, vc, mx.ones((1,), mx.uint32)
+
+
 def decode_attention(q, k, v, length: int, scale: float) -> mx.array:
     """q: (B, Hq, 1, D); k, v: (B, Hkv, S_cap, D), first `length` positions valid.
     Query head h reads KV head h // (Hq // Hkv) (the repeat_kv convention), without repeating K/V."""

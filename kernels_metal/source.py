@@ -123,6 +123,8 @@ SPECS = {
         _spec("decode_attention_split", "decode_attention", ["q", "k", "v", "params", "scale"], ["po", "pml"],
               ["T", "D", "G", "NW"], [("MG_SPLIT", 1)],
               dtypes=[bf16, bf16, bf16, i32, f32], out=[f32, f32], tmpl=[bf16, 64, 7, 4]),
+        _spec("kv_store", "kv_store", ["kc", "vc", "k", "v", "params", "dep"], ["sync"], ["T"],
+              dtypes=[bf16, bf16, bf16, bf16, i32, u32], out=[u32], tmpl=[bf16]),
         _spec("attention_combine", "attention_combine", ["po", "pml", "params"], ["out"], ["T", "D", "G"],
               dtypes=[f32, f32, i32], out=[bf16], tmpl=[bf16, 128, 2]),
         _spec("gemv", "gemv", ["x", "w", "params"], ["y"], ["T", "M", "NW"], [("MG_QBITS", 0), ("MG_BIAS", 0)],
@@ -261,7 +263,7 @@ CUDA_ONLY_SPECS = {
 }
 
 # the algorithms, for the "every kernel has both variants" check
-KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
+KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split", "kv_store",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",

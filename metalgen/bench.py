@@ -140,7 +140,7 @@ def ops_per_token(model, decode: Optional[str] = None, prompt_tokens: int = 8) -
     from .sampling import make_sampler
 
     prompt = mx.arange(1, prompt_tokens + 1).astype(mx.int32)
-    cache = make_prompt_cache(model)
+    cache = make_prompt_cache(model, decode="plain")
     sampler = make_sampler(seed=0)
     y, lp = decode_step(model, prompt, cache, sampler, (), None)
     mx.eval(y, lp, [c.state for c in cache])

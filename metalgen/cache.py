@@ -87,9 +87,21 @@ class LinearAttnCache:
         return sum(a.nbytes for a in self.state)
 
 
-def make_prompt_cache(model, max_size: Optional[int] = None) -> List[Union[KVCache, LinearAttnCache]]:
+def make_prompt_cache(model, max_size: Optional[int] = None, decode: Optional[str] = "auto") -> List:
     """One fresh cache per layer of `model`: the kind each layer needs (a model with other than
-    attention layers says which through its `make_cache`)."""
+    attention layers says which through its `make_cache`).
+
+    decode: "plain" gives per-layer KVCaches. "auto" (the default) or a stacked decode path's name
+    gives a `metalgen.decode.StackedPromptCache` where that path runs for
+    this model (on CUDA, every stack the megakernel takes but the hybrid ones), so that generation
+    with this cache decodes on the fast path in place; per-layer caches elsewhere. `max_size` (a
+    bounded cache) takes per-layer caches."""
+    if decode not in (None, "plain", "compiled") and max_size is None:
+        from .decode.prompt_cache import stacked_prompt_cache
+
+        stacked = stacked_prompt_cache(model, decode)
+        if stacked is not None:
+            return stacked
     make = getattr(model, "make_cache", None)
     if make is not None:
         return make(max_size)

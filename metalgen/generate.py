@@ -114,24 +114,32 @@ def generate_step(
         prefill_step_size: prompt tokens per prefill chunk.
         decode: the decode path after prefill (metalgen.decode: "auto", "plain", "fused",
             "megakernel", "reference"); None is "auto". Logits processors and the sampler run
-            on the device after any path. The stacked paths are used only without a caller's
-            prompt_cache (they keep their own cache); with one, decoding stays on the plain path.
+            on the device after any path. A caller's prompt_cache decides for itself: one from
+            `make_prompt_cache(model)` where a fast path runs (a StackedPromptCache) decodes on its
+            decoder in place; per-layer caches on the plain path (or the compiled path of the
+            hybrid stacks, which advances them in place).
     """
     sampler = sampler or make_sampler()
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model, decode="plain")
     processors = list(logits_processors)
     history = prompt if processors else None
+    stacked = getattr(cache, "decoder", None) is not None  # a StackedPromptCache: decoded on in place
+    if stacked:
+        cache.reserve(cache.offset + int(prompt.size) + max_tokens)
 
     rest = prefill(model, prompt, cache, prefill_step_size, tracer)
     y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
     mx.async_eval(y, logprob)
     fast = None
-    if max_tokens > 1 and prompt_cache is None:
+    if max_tokens > 1 and stacked:
+        fast = _step_on(model, cache.decoder, cache.state)
+    elif max_tokens > 1:
         from .decode import make_step
 
-        fast = make_step(model, cache, int(prompt.size), max_tokens, decode)
-        if fast is not None:
-            cache = None  # the stacked path holds the KV cache from here on
+        # a caller's per-layer cache must hold the turn afterwards: only a path that advances it in place
+        fast = make_step(model, cache, int(prompt.size), max_tokens, decode, in_place=prompt_cache is not None)
+        if fast is not None and prompt_cache is None:
+            cache = None  # a stacked path holds the KV cache from here on
     n = 0
     while n < max_tokens:
         if n + 1 < max_tokens:
@@ -152,6 +160,15 @@ def generate_step(
         n += 1
         if n < max_tokens:
             y, logprob = next_y, next_logprob
+
+
+def _step_on(model, decoder, state):
+    """The step function of `decoder` on a StackedPromptCache's `state`: token (1,) -> logits (1, vocab)."""
+
+    def step(token: mx.array) -> mx.array:
+        return model.logits(decoder.step(state, token))
+
+    return step
 
 
 class _StopText:

@@ -40,7 +40,7 @@ def test_greedy_tokens_and_caches_match_plain(model):
     caches, tokens = {}, {}
     for mode in ("plain", "compiled"):
         # a prompt cache of the caller keeps generation on plain; so drive both through make_step
-        cache = make_prompt_cache(model)
+        cache = make_prompt_cache(model, decode="plain")
         model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
         step = make_step(model, cache, int(prompt.size), 8, mode)
         assert (step is None) == (mode == "plain")
@@ -60,7 +60,7 @@ def test_greedy_tokens_and_caches_match_plain(model):
 
 
 def test_layer_functions_are_traced_once_per_model(model):
-    cache = make_prompt_cache(model)
+    cache = make_prompt_cache(model, decode="plain")
     model.hidden(mx.array([[1, 2, 3]]), cache=cache)
     make_step(model, cache, 3, 4, "compiled")
     first = _entry(model)["compiled"]

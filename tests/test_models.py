@@ -56,7 +56,7 @@ def test_logits_match_over_prompt_and_cached_decode(pair):
     with torch.no_grad():
         ref = hf(torch.tensor(ids[None])).logits[0].numpy()
 
-    cache = make_prompt_cache(ours)
+    cache = make_prompt_cache(ours, decode="plain")
     got = [np.array(ours(mx.array(ids[None, :PROMPT_LEN]), cache=cache)[0])]
     for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
         got.append(np.array(ours(mx.array(ids[None, t : t + 1]), cache=cache)[0]))

@@ -59,7 +59,7 @@ def test_logits_match_transformers(pair):
     ids = np.random.default_rng(1).integers(0, 512, PROMPT_LEN + DECODE_STEPS)
     with torch.no_grad():
         ref = hf(torch.tensor(ids[None])).logits[0].numpy()
-    cache = make_prompt_cache(ours)
+    cache = make_prompt_cache(ours, decode="plain")
     got = [np.array(ours(mx.array(ids[None, :PROMPT_LEN]), cache=cache)[0])]
     for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
         got.append(np.array(ours(mx.array(ids[None, t:t + 1]), cache=cache)[0]))
@@ -81,7 +81,7 @@ def test_greedy_tokens_match_transformers(pair):
 
 def test_caches_follow_the_layer_types(pair):
     _, ours = pair
-    cache = make_prompt_cache(ours)
+    cache = make_prompt_cache(ours, decode="plain")
     kinds = ["linear" if isinstance(c, LinearAttnCache) else "kv" for c in cache]
     assert all(isinstance(c, (KVCache, LinearAttnCache)) for c in cache)
     assert kinds == ["linear" if t == "linear_attention" else "kv" for t in ours.spec.hybrid.layer_types]
@@ -109,7 +109,7 @@ def test_layer_by_layer_equals_one_graph(pair):
 def test_saved_prompt_cache_continues_the_sequence(pair, tmp_path):
     _, ours = pair
     ids = np.random.default_rng(5).integers(0, 512, 30)
-    cache = make_prompt_cache(ours)
+    cache = make_prompt_cache(ours, decode="plain")
     ours(mx.array(ids[None, :20]), cache=cache)
     save_prompt_cache(tmp_path / "p.safetensors", cache, {"model": "tiny"})
     loaded, meta = load_prompt_cache(tmp_path / "p.safetensors", return_metadata=True)

@@ -58,7 +58,7 @@ def test_logits_match_transformers(pair):
     ids = np.random.default_rng(1).integers(0, 512, PROMPT_LEN + DECODE_STEPS)
     with torch.no_grad():
         ref = hf(torch.tensor(ids[None])).logits[0].numpy()
-    cache = make_prompt_cache(ours)
+    cache = make_prompt_cache(ours, decode="plain")
     got = [np.array(ours(mx.array(ids[None, :PROMPT_LEN]), cache=cache)[0])]
     for t in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
         got.append(np.array(ours(mx.array(ids[None, t:t + 1]), cache=cache)[0]))

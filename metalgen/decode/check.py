@@ -19,7 +19,7 @@ def prefill_random(model, prompt_tokens: int, seed: int = 0):
     logits (1, vocab), the filled per-layer caches), evaluated."""
     vocab = model.spec.vocab_size
     prompt = mx.array(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), mx.int32)
-    cache = make_prompt_cache(model)
+    cache = make_prompt_cache(model, decode="plain")
     logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
     mx.eval(logits, [c.state for c in cache])
     return logits, cache
