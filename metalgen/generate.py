@@ -120,7 +120,12 @@ def generate_step(
             hybrid stacks, which advances them in place).
     """
     sampler = sampler or make_sampler()
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model, decode="plain")
+    if prompt_cache is not None:
+        cache = prompt_cache
+    else:
+        # where a stacked path runs, its own cache from the start: the prefill writes into it and decoding
+        # goes on in place (no copy of the prompt's keys and values, no second cache in memory)
+        cache = make_prompt_cache(model, decode=(decode or "auto") if max_tokens > 1 else "plain")
     processors = list(logits_processors)
     history = prompt if processors else None
     stacked = getattr(cache, "decoder", None) is not None  # a StackedPromptCache: decoded on in place
