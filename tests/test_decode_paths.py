@@ -341,7 +341,7 @@ def assert_close_except_near_ties(ok, gaps):
 @pytest.mark.gpu
 # tiny-qwen3-moe-4bit: dense layer 1 and two sparse layers, hidden 128 (two groups a row)
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit",
-                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen2.5-0.5b-8bit-g32"])
+                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen3-0.6b-8bit-g32"])
 def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
     # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
     import kernels_metal
