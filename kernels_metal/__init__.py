@@ -143,8 +143,10 @@ def decode_attention(q, k, v, length, scale):
 
 def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
     """Write k, v (1, Hkv, n, D) into layer `layer` of a stacked KV cache kc, vc (L, Hkv, C, D) at positions
-    start ..; returns (kc, vc, sync). On a GPU one launch that writes the cache in place (the next launch on
-    the cache takes `sync` as its ordering input), on the CPU a slice update."""
+    start ..; returns (kc, vc, sync, keys, values), keys and values being the layer's first start + n
+    positions (1, Hkv, start + n, D). On a GPU one launch that writes the cache in place (the next launch
+    on the cache takes `sync` as its ordering input; read the written layer through keys and values, which
+    the launch returns), on the CPU a slice update."""
     if start + k.shape[2] > kc.shape[2]:
         raise ValueError(f"kv_store: positions up to {start + k.shape[2]} past the cache capacity {kc.shape[2]}")
     return _impl_for("kv_store").kv_store(kc, vc, k, v, int(layer), int(start), dep)

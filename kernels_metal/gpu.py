@@ -228,19 +228,21 @@ def attention_splits(n_groups: int, length: int) -> int:
 
 def kv_store(kc, vc, k, v, layer, start, dep=None):
     """The kv_store kernel: k, v (1, Hkv, n, D) written into layer `layer` of kc, vc (L, Hkv, C, D) at
-    positions start .. start + n - 1, in place. Returns (kc, vc, sync): the same buffers, made to depend on
-    the write (`mx.depends`), and the write's ordering output for the next launch on the cache."""
+    positions start .. start + n - 1, in place. Returns (kc, vc, sync, keys, values): the same cache arrays
+    (written), the write's ordering output for the next launch on the cache, and the layer's keys and
+    values up to the new end, (1, Hkv, start + n, D), as fresh arrays (MLX sees no edge from an in-place
+    write to a later read of the cache: readers take these)."""
     _, Hkv, n, D = k.shape
     if kc.dtype not in _GPU_DTYPES or k.dtype != kc.dtype or v.dtype != kc.dtype or n == 0:
         return ref.kv_store(kc, vc, k, v, layer, start, dep)
     dep = mx.zeros((1,), mx.uint32) if dep is None else dep
-    total = Hkv * n * D
-    (sync,) = kernel("kv_store")(
+    end = start + n
+    total = Hkv * end * D
+    sync, ko, vo = kernel("kv_store")(
         inputs=[kc, vc, k, v, _i32(layer, start, n, kc.shape[2], Hkv, D), dep], template=[("T", kc.dtype)],
-        grid=(-(-total // 256) * 256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(1,)],
-        output_dtypes=[mx.uint32])
-    kc, vc = mx.depends([kc, vc], [sync])
-    return kc, vc, sync
+        grid=(-(-total // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(1,), (1, Hkv, end, D), (1, Hkv, end, D)], output_dtypes=[mx.uint32, kc.dtype, kc.dtype])
+    return kc, vc, sync, ko, vo
 
 
 def decode_attention(q, k, v, length, scale, nsplit=None):

@@ -167,14 +167,16 @@ def mrope(x, table: RopeTable, position_ids, mrope_section, interleaved: bool) -
 
 def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
     """k, v (1, Hkv, n, D) into layer `layer` of the stacked cache kc, vc (L, Hkv, C, D) at positions
-    start .. start + n - 1. Returns (kc, vc, sync): the updated caches (new arrays here; the GPU kernel
-    writes in place) and an ordering output (1,) uint32."""
+    start .. start + n - 1. Returns (kc, vc, sync, keys, values): the updated caches (new arrays here; the
+    GPU kernel writes in place), an ordering output (1,) uint32, and the layer's keys and values up to the
+    new end (1, Hkv, start + n, D)."""
     n = k.shape[2]
     if start + n > kc.shape[2]:
         raise ValueError(f"kv_store: positions up to {start + n} past the cache capacity {kc.shape[2]}")
     kc[layer, :, start:start + n, :] = k[0].astype(kc.dtype)
     vc[layer, :, start:start + n, :] = v[0].astype(vc.dtype)
-    return kc, vc, mx.ones((1,), mx.uint32)
+    end = start + n
+    return kc, vc, mx.ones((1,), mx.uint32), kc[layer:layer + 1, :, :end], vc[layer:layer + 1, :, :end]
 
 
 def decode_attention(q, k, v, length: int, scale: float) -> mx.array:

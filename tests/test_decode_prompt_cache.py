@@ -113,13 +113,20 @@ def test_a_cache_past_the_context_is_a_clear_error(tiny32):
         list(generate_step(mx.array([1] * 8, mx.int32), tiny32, max_tokens=limit, prompt_cache=cache))
 
 
-def test_kv_store_writes_one_layer_in_place_of_the_slice_update():
+@pytest.mark.parametrize("dtype,H,D", [(mx.bfloat16, 2, 64), (mx.float16, 8, 128), (mx.float32, 2, 64)])
+def test_kv_store_writes_one_layer_and_returns_its_positions(dtype, H, D):
+    # the kernel on a GPU (in place), the slice update on the CPU: the layer's positions 7..11 replaced,
+    # every other position and layer kept, and the layer's first 12 positions returned
     rng = np.random.default_rng(0)
-    kc, vc = (mx.array(rng.standard_normal((3, 2, 16, 64)), mx.bfloat16) for _ in range(2))
-    k, v = (mx.array(rng.standard_normal((1, 2, 5, 64)), mx.bfloat16) for _ in range(2))
+    kc, vc = (mx.array(rng.standard_normal((3, H, 16, D)), dtype) for _ in range(2))
+    k, v = (mx.array(rng.standard_normal((1, H, 5, D)), dtype) for _ in range(2))
+    mx.eval(kc, vc, k, v)
     want_k, want_v = np.array(kc.astype(mx.float32)), np.array(vc.astype(mx.float32))
     want_k[1, :, 7:12], want_v[1, :, 7:12] = np.array(k[0].astype(mx.float32)), np.array(v[0].astype(mx.float32))
-    kc2, vc2, sync = K.kv_store(kc, vc, k, v, 1, 7)
+    kc2, vc2, sync, keys, values = K.kv_store(kc, vc, k, v, 1, 7)
+    assert np.array_equal(np.array(keys.astype(mx.float32)), want_k[1:2, :, :12])
+    assert np.array_equal(np.array(values.astype(mx.float32)), want_v[1:2, :, :12])
+    mx.eval(sync)  # the cache arrays themselves, read once the write is done
     assert np.array_equal(np.array(kc2.astype(mx.float32)), want_k)
     assert np.array_equal(np.array(vc2.astype(mx.float32)), want_v)
     assert sync.shape == (1,) and sync.dtype == mx.uint32

@@ -25,24 +25,34 @@ from .stacked import DecodeState, empty_state
 
 
 class StackedLayerCache(KVCache):
-    """One attention layer of a StackedPromptCache, with the KVCache interface the models call."""
+    """One attention layer of a StackedPromptCache, with the KVCache interface the models call.
+
+    After an update, `keys` / `values` are the layer's positions so far as `kv_store` returned them (on a
+    GPU fresh copies made by the launch that wrote the cache in place: MLX sees no edge from that write to
+    a read of the stacked arrays themselves, so nothing here reads them without one)."""
 
     def __init__(self, owner: "StackedPromptCache", layer: int):  # noqa: D107 - no KVCache buffers of its own
         self.owner = owner
         self.layer = layer
         self.max_size = None
+        self._fetched = None  # (keys, values) (1, Hkv, offset, D) of the last update
 
     @property
     def offset(self) -> int:
         return self.owner.state.pos + self.owner.pending[self.layer]
 
+    def _kv(self):
+        if self._fetched is None or self._fetched[0].shape[2] != self.offset:
+            self._fetched = self.owner.read_layer(self.layer, self.offset)
+        return self._fetched
+
     @property
-    def keys(self) -> mx.array:  # (1, Hkv, capacity, D): the layer's view of the stacked keys
-        return self.owner.state.kc[self.layer:self.layer + 1]
+    def keys(self) -> mx.array:  # (1, Hkv, offset, D)
+        return self._kv()[0]
 
     @property
     def values(self) -> mx.array:
-        return self.owner.state.vc[self.layer:self.layer + 1]
+        return self._kv()[1]
 
     def update(self, k: mx.array, v: mx.array) -> None:
         """Append k, v: (1, kv_heads, n, head_dim) at this layer's offset."""
@@ -51,21 +61,23 @@ class StackedLayerCache(KVCache):
             raise ValueError("a stacked prompt cache holds one sequence")
         owner.reserve(owner.state.pos + n)
         st = owner.state
-        st.kc, st.vc, st.dep = K.kv_store(st.kc, st.vc, k, v, self.layer, self.offset, st.dep)
+        store = K.kv_store if owner.in_place else K.reference.kv_store
+        st.kc, st.vc, st.dep, keys, values = store(st.kc, st.vc, k.astype(st.kc.dtype), v.astype(st.vc.dtype),
+                                                   self.layer, self.offset, st.dep)
         if self.layer == len(owner) - 1:
             st.pos += n
             owner.pending = [0] * len(owner)
         else:
             owner.pending[self.layer] = n
+        self._fetched = (keys, values)
 
     def update_and_fetch(self, k: mx.array, v: mx.array):
         self.update(k, v)
-        end = self.offset
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        return self._fetched
 
     @property
     def state(self) -> List[mx.array]:
-        return [self.keys[..., :self.offset, :], self.values[..., :self.offset, :]]
+        return list(self._kv())
 
     @property
     def nbytes(self) -> int:
@@ -89,6 +101,20 @@ class StackedPromptCache(list):
         self.max_positions = w.rope_table.max_positions
         self.state: DecodeState = decoder.prepare(empty_state(w, max(1, min(capacity, self.max_positions))))
         self.pending = [0] * w.layers
+        # a GPU decoder's kernels write the stacked arrays in place, and so does kv_store then; the
+        # reference decoder updates them as MLX arrays, and so does the reference kv_store
+        self.in_place = hasattr(decoder, "kernel_name")
+
+    def settle(self) -> None:
+        """Wait for the last in-place launch on the cache (before MLX operations read its arrays)."""
+        if self.in_place and self.state.dep is not None:
+            mx.eval(self.state.dep)
+
+    def read_layer(self, layer: int, end: int):
+        """Layer `layer`'s first `end` keys and values (1, Hkv, end, D), read after the last launch."""
+        self.settle()
+        st = self.state
+        return st.kc[layer:layer + 1, :, :end], st.vc[layer:layer + 1, :, :end]
 
     @property
     def offset(self) -> int:
@@ -106,9 +132,9 @@ class StackedPromptCache(list):
         cap = min(self.max_positions, max(positions, 2 * st.capacity, -(-positions // self.step) * self.step))
         L, H, _, D = st.kc.shape
         pad = mx.zeros((L, H, cap - st.capacity, D), st.kc.dtype)
-        # fresh buffers, which the kernels may write in place; ordered after the last launch on the old ones
-        kc, vc = mx.depends([st.kc, st.vc], [st.dep]) if st.dep is not None else (st.kc, st.vc)
-        st.kc, st.vc = mx.concatenate([kc, pad], axis=2), mx.concatenate([vc, pad], axis=2)
+        self.settle()  # the copy reads what the kernels wrote
+        # fresh buffers, which the kernels may write in place
+        st.kc, st.vc = mx.concatenate([st.kc, pad], axis=2), mx.concatenate([st.vc, pad], axis=2)
         mx.eval(st.kc, st.vc)
         st.capacity = cap
         st.dep = None
