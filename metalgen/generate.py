@@ -135,6 +135,8 @@ def generate_step(
     rest = prefill(model, prompt, cache, prefill_step_size, tracer)
     y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
     mx.async_eval(y, logprob)
+    if stacked:
+        cache.release()  # the prompt's last step holds what it reads; the cache need not
     fast = None
     if max_tokens > 1 and stacked:
         fast = _step_on(model, cache.decoder, cache.state)

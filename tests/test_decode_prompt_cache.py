@@ -188,3 +188,13 @@ def test_gpu_chat_on_the_megakernel_cache_follows_plain(shape):
     print(f"{shape}: per-step relative error vs plain, largest {max(errs):.4f}, median {np.median(errs):.4f}")
     assert len(errs) == 72 and max(errs) < 5e-2
     assert stacked.offset == plain[0].offset == 1040 + 3 * 23
+
+
+def test_the_cache_keeps_no_copies_of_its_layers_after_a_turn(tiny32):
+    # the layers' returned keys and values (on a GPU copies of the cache) are let go once the step that
+    # reads them is enqueued: a 16k-token prompt kept 1.9 GB of them alive through the decode (H200)
+    cache = make_prompt_cache(tiny32, decode="reference")
+    for prompt in (TURNS[0], [7]):  # a prompt of many tokens, then of one (the decode-shaped update)
+        list(generate_step(mx.array(prompt, mx.int32), tiny32, max_tokens=3, prompt_cache=cache))
+        assert all(layer._fetched is None for layer in cache)
+    assert cache[0].keys.shape[2] == cache.offset  # read again on demand

@@ -73,7 +73,8 @@ class StackedLayerCache(KVCache):
 
     def update_and_fetch(self, k: mx.array, v: mx.array):
         self.update(k, v)
-        return self._fetched
+        fetched, self._fetched = self._fetched, None  # held by the caller's graph, not by the cache
+        return fetched
 
     @property
     def state(self) -> List[mx.array]:
@@ -104,6 +105,12 @@ class StackedPromptCache(list):
         # a GPU decoder's kernels write the stacked arrays in place, and so does kv_store then; the
         # reference decoder updates them as MLX arrays, and so does the reference kv_store
         self.in_place = hasattr(decoder, "kernel_name")
+
+    def release(self) -> None:
+        """Let go of the layers' last returned keys and values (a copy of the cache's positions on a GPU),
+        once the step that reads them is enqueued; the decoder reads the stacked arrays themselves."""
+        for layer in self:
+            layer._fetched = None
 
     def settle(self) -> None:
         """Wait for the last in-place launch on the cache (before MLX operations read its arrays)."""
