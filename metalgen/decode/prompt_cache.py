@@ -78,7 +78,13 @@ class StackedLayerCache(KVCache):
 
     @property
     def state(self) -> List[mx.array]:
-        return list(self._kv())
+        """The arrays to evaluate to materialize this cache: the last in-place launch on the stacked arrays
+        (reading the layer back here, 28 layers a prefill chunk, made a 16k-token prompt 40% slower), or
+        the arrays themselves where they are updated as MLX arrays."""
+        st = self.owner.state
+        if self.owner.in_place:
+            return [] if st.dep is None else [st.dep]
+        return [st.kc, st.vc]
 
     @property
     def nbytes(self) -> int:
