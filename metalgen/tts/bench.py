@@ -57,7 +57,7 @@ class TTSBenchResult:
 
 class MetalgenEngine:
     """Our frame loop: FrameGenerator (kernels_metal sampler, the talker and code predictor on the
-    decode path `decode` picks: the CUDA megakernel under "auto" where TTS_AUTO_GPU lists them)."""
+    decode path `decode` picks: the CUDA megakernel under "auto" where it runs)."""
 
     name = "metalgen"
 
