@@ -108,6 +108,28 @@ def make_prompt_cache(model, max_size: Optional[int] = None, decode: Optional[st
     return [KVCache(max_size) for _ in model.layers]
 
 
+def cache_length(cache) -> int:
+    """The positions a prompt cache holds (every layer holds as many)."""
+    return int(cache.offset) if hasattr(cache, "offset") else (int(cache[0].offset) if cache else 0)
+
+
+def trim_prompt_cache(cache, n: int) -> int:
+    """Forget the last `n` positions of a prompt cache, so that other tokens can follow the ones kept
+    (a chat whose next rendering differs from what was fed). Returns the positions trimmed: `n`, or 0
+    where a layer cannot go back (a Gated DeltaNet layer's state has no positions to cut)."""
+    n = max(0, min(int(n), cache_length(cache)))
+    if n == 0:
+        return 0
+    trim = getattr(cache, "trim", None)
+    if trim is not None:  # a StackedPromptCache
+        return trim(n)
+    if any(not isinstance(c, KVCache) for c in cache):
+        return 0
+    for c in cache:
+        c.offset -= n
+    return n
+
+
 def save_prompt_cache(path: Union[str, Path], cache: List, metadata: Optional[dict] = None) -> None:
     """Write a filled per-layer cache to a safetensors file (each layer's kind, offset and arrays;
     `metadata`: the caller's strings, e.g. the model it belongs to)."""

@@ -12,10 +12,11 @@ from typing import List, Optional
 
 from ..errors import MetalgenError
 from . import bench as bench_cmd
+from . import chat as chat_cmd
 from . import generate as generate_cmd
 from . import tts as tts_cmd
 
-SUBCOMMANDS = {"generate": generate_cmd, "bench": bench_cmd, "tts": tts_cmd}
+SUBCOMMANDS = {"generate": generate_cmd, "chat": chat_cmd, "bench": bench_cmd, "tts": tts_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:

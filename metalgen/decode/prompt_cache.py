@@ -112,6 +112,14 @@ class StackedPromptCache(list):
         # reference decoder updates them as MLX arrays, and so does the reference kv_store
         self.in_place = hasattr(decoder, "kernel_name")
 
+    def trim(self, n: int) -> int:
+        """Forget the last `n` positions (later writes overwrite them); returns `n`."""
+        n = max(0, min(int(n), self.state.pos))
+        self.state.pos -= n
+        self.pending = [0] * len(self)
+        self.release()
+        return n
+
     def release(self) -> None:
         """Let go of the layers' last returned keys and values (a copy of the cache's positions on a GPU),
         once the step that reads them is enqueued; the decoder reads the stacked arrays themselves."""

@@ -1,0 +1,79 @@
+"""Multi-turn chat on one prompt cache: each turn feeds only what the cache does not already hold.
+
+A turn renders the whole conversation with the chat template, keeps the cached positions that this
+rendering shares with what was fed before (the template may render an earlier reply differently from
+how it was generated: Qwen3's drops the thinking block), trims the rest, and feeds the remainder. On a
+backend with a fast decode path the cache is that path's own (`make_prompt_cache`), so every turn
+prefills and decodes in place.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional
+
+from .cache import cache_length, make_prompt_cache, trim_prompt_cache
+from .errors import MetalgenError
+from .generate import GenerationResponse, stream_generate
+from .sampling import make_logits_processors, make_sampler
+
+
+def common_prefix(a: List[int], b: List[int]) -> int:
+    """The length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ChatSession:
+    """A conversation with `model`. `send(text)` streams the reply as GenerationResponses and records it.
+
+    Args:
+        system: an optional system message, first in every rendering.
+        decode: the decode path (metalgen.decode modes; None is "auto").
+        temperature, top_k, top_p, min_p, repetition_penalty, repetition_context_size, seed: sampling,
+            as `metalgen.stream` takes them (the seed seeds the first turn; later turns continue it).
+    """
+
+    def __init__(self, model, tokenizer, *, system: Optional[str] = None, decode: Optional[str] = None,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 repetition_penalty: Optional[float] = None, repetition_context_size: int = 20,
+                 seed: Optional[int] = None, prefill_step_size: int = 512):
+        self.model, self.tokenizer, self.decode = model, tokenizer, decode
+        self.system = system
+        self.sampler = make_sampler(temperature, top_k, top_p, min_p, seed)
+        self.processors = make_logits_processors(repetition_penalty, repetition_context_size)
+        self.prefill_step_size = prefill_step_size
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.cache = make_prompt_cache(self.model, decode=self.decode or "auto")
+        self.fed: List[int] = []  # the ids the cache holds, in order
+
+    def send(self, text: str, *, max_tokens: int = 256, stop=()) -> Iterator[GenerationResponse]:
+        """Add a user message and stream the reply; the reply joins the conversation when it ends."""
+        if not text.strip():
+            raise MetalgenError("the message is empty")
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        keep = min(common_prefix(self.fed, ids), len(ids) - 1)  # at least one id to feed
+        if trim_prompt_cache(self.cache, len(self.fed) - keep) != len(self.fed) - keep:
+            # a cache that cannot go back (Gated DeltaNet layers): start it again from the first id
+            self.cache = make_prompt_cache(self.model, decode=self.decode or "auto")
+            keep = 0
+        new = ids[keep:]
+        reply, out = "", []
+        for r in stream_generate(self.model, self.tokenizer, new, max_tokens=max_tokens, sampler=self.sampler,
+                                 logits_processors=self.processors, stop_strings=stop,
+                                 prefill_step_size=self.prefill_step_size, prompt_cache=self.cache):
+            reply += r.text
+            out.append(r.token)
+            yield r
+        # the cache holds the kept ids, the new ones and the reply's tokens the loop fed (the last one
+        # only where it was fed ahead of the stop)
+        self.fed = (ids[:keep] + new + out)[:cache_length(self.cache)]
+        self.messages = messages + [{"role": "assistant", "content": reply}]

@@ -1,0 +1,85 @@
+"""Multi-turn chat on one prompt cache (metalgen.chat) and `metalgen chat`."""
+
+from __future__ import annotations
+
+import io
+
+import mlx.core as mx
+import pytest
+
+import metalgen
+from metalgen.cache import cache_length, make_prompt_cache, trim_prompt_cache
+from metalgen.chat import ChatSession, common_prefix
+from metalgen.errors import MetalgenError
+from metalgen.generate import generate_step
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return metalgen.load("dummy:tiny-qwen3", dtype="float32")
+
+
+def fresh_reply(model, tokenizer, messages, n):
+    """Greedy tokens for the whole conversation rendered anew, on a fresh cache."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return [t for t, _ in generate_step(mx.array(ids, mx.int32), model, max_tokens=n, decode="plain")]
+
+
+@pytest.mark.parametrize("decode", ["reference", "plain"])
+def test_turns_feed_only_what_the_cache_lacks_and_answer_as_a_fresh_rendering(tiny, decode):
+    model, tok = tiny
+    chat = ChatSession(model, tok, system="Be brief.", decode=decode)
+    prev = []
+    for i, text in enumerate(["Hello there", "What did I just say?", "Once more"]):
+        before = chat.messages + [{"role": "user", "content": text}]
+        full = tok.apply_chat_template(before, add_generation_prompt=True, tokenize=True)
+        replies = list(chat.send(text, max_tokens=6))
+        got = [r.token for r in replies]
+        assert got == fresh_reply(model, tok, before, len(got))
+        # fed: what follows the longest prefix shared with the cache, the earlier rendering but perhaps its
+        # last id (BPE may merge the generation prompt's "\n" with a reply's leading newlines), and the
+        # reply itself where the rendering spells it otherwise than it was generated
+        assert replies[-1].prompt_tokens <= len(full) - len(prev) + 1
+        if i:
+            assert replies[-1].prompt_tokens < len(full)
+        prev = full
+        assert chat.messages[-1]["role"] == "assistant" and cache_length(chat.cache) == len(chat.fed)
+        assert chat.fed == (full + got)[:len(chat.fed)]
+
+
+def test_a_hybrid_chat_starts_its_cache_again_where_it_cannot_trim():
+    # Gated DeltaNet states cannot go back: a rendering that differs from what was fed is fed whole
+    model, tok = metalgen.load("dummy:tiny-qwen3.5", dtype="float32")
+    chat = ChatSession(model, tok)
+    list(chat.send("Hello", max_tokens=4))
+    before = chat.messages + [{"role": "user", "content": "Again"}]
+    got = [r.token for r in chat.send("Again", max_tokens=4)]
+    assert got == fresh_reply(model, tok, before, len(got))
+
+
+def test_trim_prompt_cache():
+    model = metalgen.load("dummy:tiny-qwen3", dtype="float32")[0]
+    for decode in ("plain", "reference"):
+        cache = make_prompt_cache(model, decode=decode)
+        model.hidden(mx.array([[1, 2, 3, 4, 5]], mx.int32), cache=cache)
+        assert trim_prompt_cache(cache, 2) == 2 and cache_length(cache) == 3
+        assert trim_prompt_cache(cache, 10) == 3 and cache_length(cache) == 0
+    hybrid = metalgen.load("dummy:tiny-qwen3.5")[0]
+    cache = make_prompt_cache(hybrid, decode="plain")
+    hybrid.hidden(mx.array([[1, 2, 3]], mx.int32), cache=cache)
+    assert trim_prompt_cache(cache, 1) == 0
+
+
+def test_common_prefix_and_empty_message(tiny):
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+    with pytest.raises(MetalgenError, match="empty"):
+        list(ChatSession(*tiny).send("  "))
+
+
+def test_chat_command_reads_turns_until_exit(monkeypatch, capsys):
+    from metalgen.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\n/reset\nAgain\n/exit\nnever read\n"))
+    assert main(["chat", "--model", "dummy:tiny-qwen3", "--max-tokens", "3", "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("new prompt tokens") == 2  # two turns; the empty line and /reset are not turns
