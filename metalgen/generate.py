@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from profiling import NullTracer
 
-from .cache import make_prompt_cache
+from .cache import cache_length, make_prompt_cache
 from .errors import MetalgenError
 from .sampling import LogitsProcessor, Sampler, make_sampler
 
@@ -243,9 +243,11 @@ def stream_generate(
     if not prompt:
         raise MetalgenError("the prompt is empty")
     context = model.spec.max_position_embeddings
-    if len(prompt) >= context:
+    held = cache_length(prompt_cache) if prompt_cache is not None else 0  # a conversation's earlier turns
+    if held + len(prompt) >= context:
         raise MetalgenError(
-            f"the prompt has {len(prompt)} tokens, past the model's context of {context}"
+            f"the prompt has {len(prompt)} tokens" + (f" after {held} in the prompt cache" if held else "")
+            + f", past the model's context of {context}"
         )
     vocab = model.spec.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
@@ -253,7 +255,7 @@ def stream_generate(
         raise MetalgenError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab}")
     if max_tokens < 0:
         raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
-    budget = min(max_tokens, context - len(prompt))
+    budget = min(max_tokens, context - held - len(prompt))
     eos = set(tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids)
     detok = tokenizer.detokenizer()
     text_vocab = tokenizer.vocab_size

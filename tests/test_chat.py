@@ -83,3 +83,13 @@ def test_chat_command_reads_turns_until_exit(monkeypatch, capsys):
     assert main(["chat", "--model", "dummy:tiny-qwen3", "--max-tokens", "3", "--verbose"]) == 0
     err = capsys.readouterr().err
     assert err.count("new prompt tokens") == 2  # two turns; the empty line and /reset are not turns
+
+
+@pytest.mark.parametrize("decode", ["reference", "plain"])
+def test_a_conversation_past_the_context_is_a_clear_error(tiny, decode):
+    model, tok = tiny  # context 2048
+    chat = ChatSession(model, tok, decode=decode)
+    replies = list(chat.send("word " * 1000, max_tokens=2000))
+    assert replies[-1].finish_reason == "length" and cache_length(chat.cache) <= 2048  # cut at the context
+    with pytest.raises(MetalgenError, match=r"after \d+ in the prompt cache, past the model's context of 2048"):
+        list(chat.send("word " * 1000))
