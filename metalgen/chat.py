@@ -27,6 +27,36 @@ def common_prefix(a: List[int], b: List[int]) -> int:
     return n
 
 
+class ReusedCache:
+    """One prompt cache reused from request to request: `feed(ids)` trims it to the longest prefix it
+    shares with `ids` and returns the ids still to be fed; `commit(...)` records what it then holds."""
+
+    def __init__(self, model, decode: Optional[str] = None):
+        self.model, self.decode = model, decode
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = make_prompt_cache(self.model, decode=self.decode or "auto")
+        self.fed: List[int] = []  # the ids the cache holds, in order
+
+    def feed(self, ids: List[int]) -> List[int]:
+        """Trim the cache for `ids` (at least one id is left to feed); the ids to feed."""
+        extra = cache_length(self.cache) - len(self.fed)  # a generation stopped before its commit
+        if extra > 0 and trim_prompt_cache(self.cache, extra) != extra:
+            self.reset()
+        keep = min(common_prefix(self.fed, ids), len(ids) - 1)
+        if trim_prompt_cache(self.cache, len(self.fed) - keep) != len(self.fed) - keep:
+            self.reset()  # a cache that cannot go back (Gated DeltaNet layers): start again
+            keep = 0
+        self.fed = list(ids[:keep])
+        return list(ids[keep:])
+
+    def commit(self, fed: List[int], generated: List[int]) -> None:
+        """After a generation from `fed` (feed's answer): the cache holds those, then the generated tokens
+        that the loop fed (the last one only where it was fed ahead of a stop)."""
+        self.fed = (self.fed + fed + generated)[:cache_length(self.cache)]
+
+
 class ChatSession:
     """A conversation with `model`. `send(text)` streams the reply as GenerationResponses and records it.
 
@@ -41,18 +71,26 @@ class ChatSession:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: Optional[float] = None, repetition_context_size: int = 20,
                  seed: Optional[int] = None, prefill_step_size: int = 512):
-        self.model, self.tokenizer, self.decode = model, tokenizer, decode
+        self.model, self.tokenizer = model, tokenizer
         self.system = system
         self.sampler = make_sampler(temperature, top_k, top_p, min_p, seed)
         self.processors = make_logits_processors(repetition_penalty, repetition_context_size)
         self.prefill_step_size = prefill_step_size
+        self.reused = ReusedCache(model, decode)
         self.reset()
+
+    @property
+    def cache(self):
+        return self.reused.cache
+
+    @property
+    def fed(self) -> List[int]:
+        return self.reused.fed
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
-        self.cache = make_prompt_cache(self.model, decode=self.decode or "auto")
-        self.fed: List[int] = []  # the ids the cache holds, in order
+        self.reused.reset()
 
     def send(self, text: str, *, max_tokens: int = 256, stop=()) -> Iterator[GenerationResponse]:
         """Add a user message and stream the reply; the reply joins the conversation when it ends."""
@@ -60,20 +98,16 @@ class ChatSession:
             raise MetalgenError("the message is empty")
         messages = self.messages + [{"role": "user", "content": text}]
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        keep = min(common_prefix(self.fed, ids), len(ids) - 1)  # at least one id to feed
-        if trim_prompt_cache(self.cache, len(self.fed) - keep) != len(self.fed) - keep:
-            # a cache that cannot go back (Gated DeltaNet layers): start it again from the first id
-            self.cache = make_prompt_cache(self.model, decode=self.decode or "auto")
-            keep = 0
-        new = ids[keep:]
+        new = self.reused.feed(ids)
         reply, out = "", []
-        for r in stream_generate(self.model, self.tokenizer, new, max_tokens=max_tokens, sampler=self.sampler,
-                                 logits_processors=self.processors, stop_strings=stop,
-                                 prefill_step_size=self.prefill_step_size, prompt_cache=self.cache):
-            reply += r.text
-            out.append(r.token)
-            yield r
-        # the cache holds the kept ids, the new ones and the reply's tokens the loop fed (the last one
-        # only where it was fed ahead of the stop)
-        self.fed = (ids[:keep] + new + out)[:cache_length(self.cache)]
-        self.messages = messages + [{"role": "assistant", "content": reply}]
+        try:
+            for r in stream_generate(self.model, self.tokenizer, new, max_tokens=max_tokens, sampler=self.sampler,
+                                     logits_processors=self.processors, stop_strings=stop,
+                                     prefill_step_size=self.prefill_step_size, prompt_cache=self.cache):
+                reply += r.text
+                out.append(r.token)
+                yield r
+        finally:  # also when the reader stops early: the reply so far joins the conversation
+            self.reused.commit(new, out)
+            if out:
+                self.messages = messages + [{"role": "assistant", "content": reply}]

@@ -93,3 +93,17 @@ def test_a_conversation_past_the_context_is_a_clear_error(tiny, decode):
     assert replies[-1].finish_reason == "length" and cache_length(chat.cache) <= 2048  # cut at the context
     with pytest.raises(MetalgenError, match=r"after \d+ in the prompt cache, past the model's context of 2048"):
         list(chat.send("word " * 1000))
+
+
+def test_a_reply_stopped_early_leaves_the_conversation_consistent(tiny):
+    # the reader stops after two tokens: what the cache holds is recorded, and the next turn answers as a
+    # fresh rendering of the conversation (the partial reply in it) would
+    model, tok = tiny
+    chat = ChatSession(model, tok, decode="reference")
+    it = chat.send("Hello there", max_tokens=20)
+    next(it), next(it)
+    it.close()
+    assert cache_length(chat.cache) == len(chat.fed) and chat.messages[-1]["role"] == "assistant"
+    before = chat.messages + [{"role": "user", "content": "Go on"}]
+    got = [r.token for r in chat.send("Go on", max_tokens=5)]
+    assert got == fresh_reply(model, tok, before, len(got))
