@@ -1,0 +1,53 @@
+"""`metalgen serve`: the OpenAI-compatible HTTP server (docs/serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..decode.modes import DECODE_MODES
+from ..errors import MetalgenError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                       description="Serve /v1/chat/completions, /v1/completions, /v1/models and /health.")
+    p.add_argument("--model", default="dummy:qwen2.5-0.5b",
+                   help="model folder, Hugging Face hub id, or dummy:<shape>; default: %(default)s")
+    p.add_argument("--served-model-name", default=None, help="the name clients ask for; default: --model")
+    p.add_argument("--revision", default=None, help="hub branch, tag or commit")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--max-tokens", type=int, default=512, help="for requests that give none; default: %(default)s")
+    p.add_argument("--decode", choices=DECODE_MODES, default="auto", help="decode path (docs/decode.md)")
+    p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..serve.app import make_app
+    except ImportError as e:
+        raise MetalgenError(f"metalgen serve needs its extra ({e.name} is missing): pip install 'metalgen[serve]'")
+    import kernels_metal
+
+    from ..api import load
+    from ..serve.engine import Engine
+
+    if args.max_tokens < 1:
+        raise MetalgenError("--max-tokens must be >= 1")
+    if not 0 <= args.port < 65536:
+        raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
+    if args.verbose:
+        kernels_metal.set_verbose(True)
+    model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
+    engine = Engine(model, tokenizer, args.served_model_name or args.model, decode=args.decode)
+    print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        uvicorn.run(make_app(engine, args.max_tokens), host=args.host, port=args.port,
+                    log_level="info" if args.verbose else "warning")
+    except OSError as e:  # e.g. the port is taken
+        raise MetalgenError(f"cannot serve on {args.host}:{args.port}: {e}")
+    return 0

@@ -1,0 +1,139 @@
+"""`metalgen serve` against the official openai client, on a live server over a tiny model (CPU)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import metalgen  # noqa: E402
+from metalgen.serve.app import make_app  # noqa: E402
+from metalgen.serve.engine import Engine  # noqa: E402
+
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def served():
+    """(base url, model, tokenizer) of a server on a free port, for the module."""
+    model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
+    engine = Engine(model, tok, NAME, decode="reference")  # the stacked prompt cache, as a GPU would serve
+    server = uvicorn.Server(uvicorn.Config(make_app(engine, 16), host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", model, tok
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture()
+def client(served):
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="none", max_retries=0)
+
+
+def greedy(model, tok, ids, n, stop=()):
+    return "".join(r.text for r in metalgen.stream_generate(model, tok, ids, max_tokens=n, stop_strings=stop))
+
+
+def test_models_and_health(served, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(served[0] + "/health").json()["status"] == "ok"
+
+
+def test_chat_completion_is_the_engines_greedy_answer(served, client):
+    _, model, tok = served
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert r.choices[0].message.content == greedy(model, tok, ids, 8)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    assert r.usage.prompt_tokens == len(ids)
+    # the next turn reuses the cached prefix (the system prompt and the first turn)
+    messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "More"}]
+    r2 = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0)
+    ids2 = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert r2.choices[0].message.content == greedy(model, tok, ids2, 4)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= len(ids) - 1
+
+
+def test_streamed_chat_with_usage_equals_the_whole_answer(client):
+    messages = [{"role": "user", "content": "Stream this"}]
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0)
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+def test_text_completion_and_stop(served, client):
+    _, model, tok = served
+    full = greedy(model, tok, tok.encode("Once upon"), 12)
+    assert client.completions.create(model=NAME, prompt="Once upon", max_tokens=12, temperature=0).choices[0].text == full
+    stop = full[3:6] if len(full) >= 6 else None
+    if stop:
+        r = client.completions.create(model=NAME, prompt="Once upon", max_tokens=12, temperature=0, stop=[stop])
+        assert r.choices[0].finish_reason == "stop" and r.choices[0].text == full[:full.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model=NAME, messages=[{"role": "user", "content": "Pick"}], max_tokens=8, temperature=1.0, top_p=0.9)
+    a = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    b = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    assert a == b
+
+
+@pytest.mark.parametrize("body,status,param", [
+    (b"{not json", 400, None),
+    (json.dumps({"model": "other", "messages": [{"role": "user", "content": "x"}]}), 404, "model"),
+    (json.dumps({"model": NAME, "messages": []}), 400, "messages"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400,
+     "temperature"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 2}), 400, "n"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x " * 3000}]}), 400, "messages"),
+])
+def test_bad_requests_get_openai_errors(served, body, status, param):
+    r = httpx.post(served[0] + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and "\n" not in err["message"]
+
+
+def test_the_client_sees_errors_as_exceptions(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_a_closed_stream_stops_its_generation_and_the_server_goes_on(served, client):
+    with httpx.stream("POST", served[0] + "/v1/chat/completions", json={
+            "model": NAME, "messages": [{"role": "user", "content": "Long"}], "max_tokens": 2000, "stream": True,
+            "temperature": 0}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # the connection closes here, after the first chunk
+    tic = time.perf_counter()
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Next"}], max_tokens=2,
+                                       temperature=0)
+    assert r.choices[0].message.content is not None
+    assert time.perf_counter() - tic < 20  # not behind 2000 tokens of the closed stream
+
+
+def test_serve_command_bad_flags_are_one_line_errors(capsys):
+    from metalgen.cli import main
+
+    assert main(["serve", "--model", "dummy:tiny-qwen3", "--port", "70000"]) == 1
+    assert capsys.readouterr().err.strip() == "metalgen: error: --port must be in 0..65535, got 70000"
+    assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-tokens", "0"]) == 1
