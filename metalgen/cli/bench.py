@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..decode.modes import DECODE_MODES
+from .sampling_flags import add_sampling_flags
 
 
 def add_parser(sub) -> None:
@@ -26,12 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also count MLX operations and host-device syncs per token (plain vs ours)")
     g = p.add_argument_group("sampling (text models; greedy by default, mlx-lm given the same settings)")
-    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 disables")
-    g.add_argument("--top-p", type=float, default=1.0, help="1.0 disables")
-    g.add_argument("--min-p", type=float, default=0.0, help="0.0 disables")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 disables")
-    g.add_argument("--repetition-context-size", type=int, default=20)
+    add_sampling_flags(g, repetition_penalty=1.0)
     t = p.add_argument_group("text to speech (--tts)")
     t.add_argument("--tts", action="store_true",
                    help="benchmark the Qwen3-TTS frame loop: ms per frame (talker, 15 code-predictor "

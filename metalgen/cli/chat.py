@@ -7,6 +7,7 @@ import sys
 
 from ..decode.modes import DECODE_MODES
 from ..errors import MetalgenError
+from .sampling_flags import add_sampling_flags
 
 HELP = "/reset forgets the conversation, /exit (or end of input) leaves"
 
@@ -21,12 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     p.add_argument("--system", "--system-prompt", dest="system", default=None, help="system message")
     p.add_argument("--max-tokens", "-m", type=int, default=512, help="per reply; default: %(default)s")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 disables")
-    p.add_argument("--min-p", type=float, default=0.0, help="0.0 disables")
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--repetition-context-size", type=int, default=20)
+    add_sampling_flags(p)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--decode", choices=DECODE_MODES, default="auto",
                    help="decode path (docs/decode.md); default: %(default)s")

@@ -8,6 +8,7 @@ import time
 
 from ..decode.modes import DECODE_MODES
 from ..errors import MetalgenError
+from .sampling_flags import add_sampling_flags
 
 
 def add_parser(sub) -> None:
@@ -28,12 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--ignore-chat-template", action="store_true",
                    help="feed the prompt as raw text, without the chat template")
     p.add_argument("--max-tokens", "-m", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 disables")
-    p.add_argument("--min-p", type=float, default=0.0, help="0.0 disables")
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--repetition-context-size", type=int, default=20)
+    add_sampling_flags(p)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text is generated (repeatable)")
