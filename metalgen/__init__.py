@@ -8,6 +8,7 @@
 
 from .api import generate, load, stream
 from .cache import KVCache, LinearAttnCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
+from .chat import ChatSession
 from .errors import MetalgenError
 from .generate import GenerationResponse, generate_step, stream_generate
 from .sampling import make_logits_processors, make_sampler
@@ -36,6 +37,7 @@ __all__ = [
     "KVCache",
     "LinearAttnCache",
     "make_prompt_cache",
+    "ChatSession",
     "save_prompt_cache",
     "load_prompt_cache",
 ]
