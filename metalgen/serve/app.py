@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from .engine import Engine
 from .protocol import RequestError, chunk, completion, new_id, parse_request
+from .reasoning import ReasoningSplitter
 
 
 def _error(e: RequestError) -> JSONResponse:
@@ -42,23 +43,28 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
             if req.model != engine.name:
                 raise RequestError(f"the model '{req.model}' does not exist here (this server has "
                                    f"'{engine.name}')", 404, "invalid_request_error", "model")
-            ids = engine.encode(req)
+            ids, opened = engine.encode(req)
         except RequestError as e:
             return _error(e)
-        job = engine.submit(req, ids)
+        job = engine.submit(req, ids, opened)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
             return StreamingResponse(_events(job, req, rid), media_type="text/event-stream")
-        text = []
+        parts = {"content": [], "reasoning": []}
+        split = _splitter(job)
         try:
             while True:
                 event = await job.events.get()
                 if event[0] == "text":
-                    text.append(event[1])
+                    for kind, piece in split(event[1]):
+                        parts[kind].append(piece)
                 elif event[0] == "error":
                     return _error(event[1])
                 else:
-                    return JSONResponse(completion(req, rid, "".join(text), event[1], event[2]))
+                    for kind, piece in split(None):
+                        parts[kind].append(piece)
+                    return JSONResponse(completion(req, rid, "".join(parts["content"]), event[1], event[2],
+                                                   "".join(parts["reasoning"]) or None))
         finally:
             job.cancelled.set()  # a no-op once done; stops a generation whose client went away
 
@@ -74,6 +80,18 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
     ])
 
 
+FIELDS = {"content": "content", "reasoning": "reasoning_content"}
+
+
+def _splitter(job):
+    """A function from a text piece (None: the end) to (kind, text) pieces: a chat's thinking block split
+    from its answer (reasoning.py); a text completion's pieces as they come."""
+    if job.req.kind != "chat":
+        return lambda text: [("content", text)] if text else []
+    splitter = ReasoningSplitter(job.in_reasoning)
+    return lambda text: splitter.finish() if text is None else splitter.feed(text)
+
+
 async def _events(job, req, rid):
     """Server-sent events of a streamed answer; a closed connection cancels the generation."""
 
@@ -81,17 +99,22 @@ async def _events(job, req, rid):
         return f"data: {json.dumps(obj)}\n\n"
 
     first = True
+    split = _splitter(job)
     try:
         while True:
             event = await job.events.get()
             if event[0] == "text":
-                yield sse(chunk(req, rid, event[1], None, first=first))
-                first = False
+                for kind, piece in split(event[1]):
+                    yield sse(chunk(req, rid, piece, None, first=first, field=FIELDS[kind]))
+                    first = False
             elif event[0] == "error":
                 yield sse(event[1].body())
                 break
             else:
                 _, finish, use = event
+                for kind, piece in split(None):
+                    yield sse(chunk(req, rid, piece, None, first=first, field=FIELDS[kind]))
+                    first = False
                 if first and req.kind == "chat":
                     yield sse(chunk(req, rid, "", None, first=True))
                 yield sse(chunk(req, rid, None, finish))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import List
+from typing import List, Tuple
 
 import mlx.core as mx
 
@@ -16,14 +16,17 @@ from ..errors import MetalgenError
 from ..generate import stream_generate
 from ..sampling import make_logits_processors, make_sampler
 from .protocol import GenerationRequest, RequestError, usage
+from .reasoning import opens_in_prompt
 
 
 class Job:
     """One request in flight: its ids, and the events its handler reads: ("text", str), then ("done",
     finish_reason, usage) or ("error", RequestError)."""
 
-    def __init__(self, req: GenerationRequest, ids: List[int], loop: asyncio.AbstractEventLoop):
+    def __init__(self, req: GenerationRequest, ids: List[int], loop: asyncio.AbstractEventLoop,
+                 in_reasoning: bool = False):
         self.req, self.ids, self.loop = req, ids, loop
+        self.in_reasoning = in_reasoning  # the prompt opened a thinking block
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()  # the client went away: stop at the next token
 
@@ -48,22 +51,28 @@ class Engine:
         self.worker = threading.Thread(target=self._work, name="metalgen-engine", daemon=True)
         self.worker.start()
 
-    def encode(self, req: GenerationRequest) -> List[int]:
-        """The prompt's ids (chat messages through the template), checked against the context."""
+    def encode(self, req: GenerationRequest) -> Tuple[List[int], bool]:
+        """The prompt's ids (chat messages through the template), checked against the context, and whether
+        the rendered prompt opens a thinking block."""
+        opened = False
         if req.kind == "chat":
             try:
-                ids = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True)
+                kw = dict(req.template_kwargs, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, **kw)
+                ids = self.tokenizer.apply_chat_template(req.messages, tokenize=True, **kw)
             except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's
-                raise RequestError(f"the chat template cannot render these messages: {e}", param="messages")
+                raise RequestError(f"the chat template cannot render these messages: {str(e).splitlines()[0]}",
+                                   param="messages")
+            opened = opens_in_prompt(text)
         else:
             ids = self.tokenizer.encode(req.prompt)
         if len(ids) >= self.context:
             raise RequestError(f"the prompt has {len(ids)} tokens, past the model's context of {self.context}",
                                param="messages" if req.kind == "chat" else "prompt")
-        return ids
+        return ids, opened
 
-    def submit(self, req: GenerationRequest, ids: List[int]) -> Job:
-        job = Job(req, ids, asyncio.get_running_loop())
+    def submit(self, req: GenerationRequest, ids: List[int], in_reasoning: bool = False) -> Job:
+        job = Job(req, ids, asyncio.get_running_loop(), in_reasoning)
         self.jobs.put(job)
         return job
 

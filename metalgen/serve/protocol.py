@@ -40,6 +40,7 @@ class GenerationRequest:
     stop: List[str]
     stream: bool
     include_usage: bool
+    template_kwargs: dict = dataclasses.field(default_factory=dict)  # e.g. {"enable_thinking": False}
 
 
 def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
@@ -110,6 +111,9 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
     if not isinstance(options, dict):
         raise RequestError("'stream_options' must be an object", param="stream_options")
     penalty = body.get("repetition_penalty")
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     return GenerationRequest(
         kind=kind, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
@@ -119,6 +123,7 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         repetition_penalty=None if penalty is None else _number(body, "repetition_penalty", 1.0, float, 0.01, 10.0),
         seed=None if body.get("seed") is None else _number(body, "seed", 0, int),
         stop=stop, stream=stream, include_usage=bool(options.get("include_usage", False)),
+        template_kwargs=template_kwargs,
     )
 
 
@@ -132,27 +137,34 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion(req: GenerationRequest, rid: str, text: str, finish: str, use: Dict[str, Any]) -> Dict[str, Any]:
-    """The whole answer of a request that did not stream."""
+def completion(req: GenerationRequest, rid: str, text: str, finish: str, use: Dict[str, Any],
+               reasoning: Optional[str] = None) -> Dict[str, Any]:
+    """The whole answer of a request that did not stream (`reasoning`: a chat's thinking block)."""
     created = int(time.time())
     if req.kind == "chat":
+        message = {"role": "assistant", "content": text}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": finish, "logprobs": None}], "usage": use}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": use}
     return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}], "usage": use}
 
 
 def chunk(req: GenerationRequest, rid: str, text: Optional[str], finish: Optional[str], first: bool = False,
-          use: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """One server-sent event's object of a streamed answer (`use` alone: the final usage chunk)."""
+          use: Optional[Dict[str, Any]] = None, field: str = "content") -> Dict[str, Any]:
+    """One server-sent event's object of a streamed answer (`use` alone: the final usage chunk; `field`:
+    a chat delta's "content" or "reasoning_content")."""
     created = int(time.time())
     if req.kind == "chat":
         obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
         if use is not None:
             obj.update(choices=[], usage=use)
             return obj
-        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+        delta = {field: text} if text else {}
+        if first:
+            delta = {"role": "assistant", "content": ""} | delta
         obj["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
         return obj
     obj = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
