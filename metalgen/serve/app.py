@@ -51,18 +51,13 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
         if req.stream:
             return StreamingResponse(_events(job, req, rid), media_type="text/event-stream")
         parts = {"content": [], "reasoning": []}
-        split = _splitter(job)
         try:
-            while True:
-                event = await job.events.get()
-                if event[0] == "text":
-                    for kind, piece in split(event[1]):
-                        parts[kind].append(piece)
+            async for event in _pieces(job):
+                if event[0] == "piece":
+                    parts[event[1]].append(event[2])
                 elif event[0] == "error":
                     return _error(event[1])
                 else:
-                    for kind, piece in split(None):
-                        parts[kind].append(piece)
                     return JSONResponse(completion(req, rid, "".join(parts["content"]), event[1], event[2],
                                                    "".join(parts["reasoning"]) or None))
         finally:
@@ -83,13 +78,22 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
 FIELDS = {"content": "content", "reasoning": "reasoning_content"}
 
 
-def _splitter(job):
-    """A function from a text piece (None: the end) to (kind, text) pieces: a chat's thinking block split
-    from its answer (reasoning.py); a text completion's pieces as they come."""
-    if job.req.kind != "chat":
-        return lambda text: [("content", text)] if text else []
-    splitter = ReasoningSplitter(job.in_reasoning)
-    return lambda text: splitter.finish() if text is None else splitter.feed(text)
+async def _pieces(job):
+    """A job's events with its text split into ("piece", kind, text), kind "content" or "reasoning" (a
+    chat's thinking block, reasoning.py; a text completion's text is all content), then ("done", finish,
+    usage) or ("error", RequestError)."""
+    splitter = ReasoningSplitter(job.in_reasoning) if job.req.kind == "chat" else None
+    while True:
+        event = await job.events.get()
+        if event[0] == "text":
+            for kind, text in splitter.feed(event[1]) if splitter else [("content", event[1])]:
+                yield ("piece", kind, text)
+            continue
+        if event[0] == "done" and splitter is not None:
+            for kind, text in splitter.finish():
+                yield ("piece", kind, text)
+        yield event
+        return
 
 
 async def _events(job, req, rid):
@@ -99,22 +103,16 @@ async def _events(job, req, rid):
         return f"data: {json.dumps(obj)}\n\n"
 
     first = True
-    split = _splitter(job)
     try:
-        while True:
-            event = await job.events.get()
-            if event[0] == "text":
-                for kind, piece in split(event[1]):
-                    yield sse(chunk(req, rid, piece, None, first=first, field=FIELDS[kind]))
-                    first = False
+        async for event in _pieces(job):
+            if event[0] == "piece":
+                yield sse(chunk(req, rid, event[2], None, first=first, field=FIELDS[event[1]]))
+                first = False
             elif event[0] == "error":
                 yield sse(event[1].body())
                 break
             else:
                 _, finish, use = event
-                for kind, piece in split(None):
-                    yield sse(chunk(req, rid, piece, None, first=first, field=FIELDS[kind]))
-                    first = False
                 if first and req.kind == "chat":
                     yield sse(chunk(req, rid, "", None, first=True))
                 yield sse(chunk(req, rid, None, finish))
