@@ -41,11 +41,10 @@ class ReusedCache:
 
     def feed(self, ids: List[int]) -> List[int]:
         """Trim the cache for `ids` (at least one id is left to feed); the ids to feed."""
-        extra = cache_length(self.cache) - len(self.fed)  # a generation stopped before its commit
-        if extra > 0 and trim_prompt_cache(self.cache, extra) != extra:
-            self.reset()
         keep = min(common_prefix(self.fed, ids), len(ids) - 1)
-        if trim_prompt_cache(self.cache, len(self.fed) - keep) != len(self.fed) - keep:
+        # past `keep`: the ids that differ, and whatever a generation stopped before its commit fed
+        drop = cache_length(self.cache) - keep
+        if trim_prompt_cache(self.cache, drop) != drop:
             self.reset()  # a cache that cannot go back (Gated DeltaNet layers): start again
             keep = 0
         self.fed = list(ids[:keep])

@@ -139,7 +139,9 @@ def generate_step(
         cache.release()  # the prompt's last step holds what it reads; the cache need not
     fast = None
     if max_tokens > 1 and stacked:
-        fast = _step_on(model, cache.decoder, cache.state)
+        from .decode.path import step_on
+
+        fast = step_on(model, cache.decoder, cache.state)
     elif max_tokens > 1:
         from .decode import make_step
 
@@ -167,15 +169,6 @@ def generate_step(
         n += 1
         if n < max_tokens:
             y, logprob = next_y, next_logprob
-
-
-def _step_on(model, decoder, state):
-    """The step function of `decoder` on a StackedPromptCache's `state`: token (1,) -> logits (1, vocab)."""
-
-    def step(token: mx.array) -> mx.array:
-        return model.logits(decoder.step(state, token))
-
-    return step
 
 
 class _StopText:

@@ -59,10 +59,10 @@ class Engine:
             try:
                 kw = dict(req.template_kwargs, add_generation_prompt=True)
                 text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, **kw)
-                ids = self.tokenizer.apply_chat_template(req.messages, tokenize=True, **kw)
             except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's
                 raise RequestError(f"the chat template cannot render these messages: {str(e).splitlines()[0]}",
                                    param="messages")
+            ids = self.tokenizer.encode(text, add_special_tokens=False)  # as tokenize=True encodes it
             opened = opens_in_prompt(text)
         else:
             ids = self.tokenizer.encode(req.prompt)

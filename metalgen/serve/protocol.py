@@ -96,9 +96,8 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = default_max_tokens if max_tokens is None else _number(
-        {"max_tokens": max_tokens}, "max_tokens", default_max_tokens, int, 1)
+    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, limit, default_max_tokens, int, 1)
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
