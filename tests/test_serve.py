@@ -137,3 +137,16 @@ def test_serve_command_bad_flags_are_one_line_errors(capsys):
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--port", "70000"]) == 1
     assert capsys.readouterr().err.strip() == "metalgen: error: --port must be in 0..65535, got 70000"
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-tokens", "0"]) == 1
+
+
+def test_limits_name_their_field_and_bound():
+    from metalgen.serve.protocol import RequestError, parse_request
+
+    body = {"model": NAME, "messages": [{"role": "user", "content": "x"}]}
+    assert parse_request(dict(body, max_completion_tokens=5, max_tokens=9), "chat", 16).max_tokens == 5
+    assert parse_request(body, "chat", 16).max_tokens == 16
+    with pytest.raises(RequestError, match="'max_tokens' must be at least 1, got 0") as e:
+        parse_request(dict(body, max_tokens=0), "chat", 16)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="'top_p' must be between 0.0 and 1.0, got 2"):
+        parse_request(dict(body, top_p=2), "chat", 16)

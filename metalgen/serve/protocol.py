@@ -50,7 +50,8 @@ def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a number'}", param=name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise RequestError(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
+        bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise RequestError(f"'{name}' must be {bound}, got {value}", param=name)
     return kind(value)
 
 
