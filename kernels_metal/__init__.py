@@ -32,6 +32,7 @@ __all__ = [
     "quantized_linear",
     "sample",
     "make_sample_state",
+    "make_sample_scratch",
     "Experts",
     "moe_route",
     "moe_experts",
@@ -120,8 +121,9 @@ def add_rms_norm(x, residual, weight, eps):
 
 def rope(x, table, offset):
     """Standard (rotate_half) RoPE of x (B, H, L, D) at positions offset .. offset+L-1. `offset` an
-    int, or an int32 scalar array: then MLX's built-in serves it, whose `mx.compile` trace takes the
-    position as an input and so serves every position (decode/compiled.py)."""
+    int, or an int32 array: a scalar (MLX's built-in serves it, whose `mx.compile` trace takes the
+    position as an input and so serves every position: decode/compiled.py) or (B,), one start per row
+    (a batch of left-padded sequences: metalgen.batch_cache), which the built-in takes as well."""
     if isinstance(offset, mx.array):
         from . import cpu
 
@@ -162,9 +164,21 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     return _impl_for("quantized_linear").quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
 
 
-def sample(logits, temperature, top_k, top_p, min_p, state):
-    """Fused temperature / top-k / top-p / min-p and Gumbel-max draw; (tokens, logprobs, next_state)."""
-    return _impl_for("sample").sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state)
+def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
+    """Fused repetition penalty (the ids of `recent`, (T,) or (B, T)), temperature / top-k / top-p / min-p
+    and Gumbel-max draw on logits (B, V); (tokens, logprobs, next_state). `scratch`: from
+    `make_sample_scratch(B, V)`, the device memory the GPU kernel works in (made per call without it).
+    Calls that share a scratch must be ordered, each taking the state the one before returned (as a
+    sampler does): MLX may run launches with no data edge between them at the same time."""
+    return _impl_for("sample").sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state,
+                                      recent, float(penalty), scratch)
+
+
+def make_sample_scratch(B: int, V: int):
+    """A sampler's working memory for B x V logits on a GPU backend (None on the CPU: the reference needs
+    none). Keep one per shape and pass it to every `sample` call of one sampler."""
+    impl = _impl()
+    return None if impl.__name__.endswith(".cpu") else impl.make_sample_scratch(B, V)
 
 
 def moe_route(logits, top_k, norm_topk_prob):

@@ -27,6 +27,7 @@ from kernels_metal import gpu
 from kernels_metal import reference as ref
 
 ROWS = []
+RNG = np.random.default_rng()
 LOG = None
 
 
@@ -197,47 +198,80 @@ def c_qgemv(M, Kd, N, bits, gs=64, bias=False):
 
 
 @case
-def c_sample(B, V, temp, top_k, top_p, min_p, seeds=8):
+def c_sample(B, V, temp, top_k, top_p, min_p, penalty=1.0, seeds=8):
     agree = 0
     total = 0
     lperr = 0.0
+    scratch = gpu.make_sample_scratch(B, V)  # one for every call: its sync words carry over launches
+    recent = mx.array(RNG.integers(0, V, (B, 20)), dtype=mx.int32)
     for sd in range(seeds):
         logits = rnd((B, V), mx.bfloat16, 3.0)
         st = K.make_sample_state(1234 + sd) + mx.array([0, sd * 17], dtype=mx.uint32)
-        tok, lp, ns = gpu.sample(logits, temp, top_k, top_p, min_p, st)
-        rt, rl, rns = ref.sample(logits, temp, top_k, top_p, min_p, st)
+        tok, lp, ns = gpu.sample(logits, temp, top_k, top_p, min_p, st, recent, penalty, scratch)
+        rt, rl, rns = ref.sample(logits, temp, top_k, top_p, min_p, st, recent, penalty)
         agree += int(mx.sum(tok == rt).item())
         total += B
         lperr = max(lperr, relerr(lp, rl))
         assert np.array_equal(np.array(ns), np.array(rns)), (ns, rns)
     logits = rnd((B, V), mx.bfloat16, 3.0)
     st = K.make_sample_state(5)
-    t = bench(lambda: gpu.sample(logits, temp, top_k, top_p, min_p, st))
-    tm = bench(lambda: ref.sample(logits, temp, top_k, top_p, min_p, st))
+    chain = [st]
+
+    def draw():  # each call takes the state of the one before: calls sharing a scratch must run in order
+        tok, lp, chain[0] = gpu.sample(logits, temp, top_k, top_p, min_p, chain[0], recent, penalty, scratch)
+        return tok, lp, chain[0]
+
+    t = bench(draw)
+    tm = bench(lambda: ref.sample(logits, temp, top_k, top_p, min_p, st, recent, penalty))
     err = 1.0 - agree / total
-    record("sample", f"B{B} V{V} T{temp} k{top_k} p{top_p} m{min_p}", err, 0.02, t, tm, logits.nbytes,
-           "reference ops", dict(token_mismatch=err, lp_err=lperr))
+    record("sample", f"B{B} V{V} T{temp} k{top_k} p{top_p} m{min_p} pen{penalty} groups{gpu.sample_groups(B, V)}",
+           err, 0.02, t, tm, logits.nbytes, "reference ops", dict(token_mismatch=err, lp_err=lperr))
+
+
+def _chi2(counts, base, temp, top_k, top_p, min_p):
+    n = counts.sum()
+    s = ref.filtered_logits(base[None], temp, top_k, top_p, min_p)[0]
+    p = np.array(mx.softmax(s)).astype(np.float64)
+    keep = p > 1e-9
+    outside = counts[~keep].sum()
+    e = p[keep] * n
+    chi2 = float(((counts[keep] - e) ** 2 / e).sum())
+    dof = max(1, int(keep.sum()) - 1)
+    return chi2, dof, outside, (chi2 - dof) / math.sqrt(2 * dof)  # z: the normal approximation
 
 
 @case
 def c_sample_chi2(temp, top_k, top_p, min_p, V=24, n=16384):
-    """Draw n tokens (n identical rows, one draw each) and chi-square against the exact
-    truncated, renormalized distribution."""
+    """Draw n tokens (n identical rows, one draw each: one group a row) and chi-square against the
+    exact truncated, renormalized distribution."""
     base = mx.random.normal((V,)) * 1.5
     logits = mx.broadcast_to(base[None], (n, V)).astype(mx.float32)
     st = K.make_sample_state(99)
     tok, _, _ = gpu.sample(logits, temp, top_k, top_p, min_p, st)
     counts = np.bincount(np.array(tok), minlength=V).astype(np.float64)
-    s = ref.filtered_logits(base[None], temp, top_k, top_p, min_p)[0]
-    p = np.array(mx.softmax(s)).astype(np.float64)
-    keep = p > 0
-    outside = counts[~keep].sum()
-    e = p[keep] * n
-    chi2 = float(((counts[keep] - e) ** 2 / e).sum())
-    dof = max(1, int(keep.sum()) - 1)
-    z = (chi2 - dof) / math.sqrt(2 * dof)  # normal approximation
+    chi2, dof, outside, z = _chi2(counts, base, temp, top_k, top_p, min_p)
     record("sample_chi2", f"V{V} T{temp} k{top_k} p{top_p} m{min_p} n{n}", abs(z) if outside == 0 else 1e9, 4.0,
            0, 0, 0, "", dict(chi2=chi2, dof=dof, outside=outside))
+
+
+@case
+def c_sample_chi2_groups(temp, top_k, top_p, min_p, V=8192, live=24, n=4096):
+    """n chained draws from one row split over several groups: `live` likely tokens spread over the
+    vocabulary (every group holds some), the rest 30 nats down; chi-square as c_sample_chi2."""
+    base = np.full(V, -30.0, np.float32)
+    base[np.linspace(0, V - 1, live).astype(int)] = np.array(mx.random.normal((live,)) * 1.5)
+    base = mx.array(base)
+    logits = base[None]
+    scratch = gpu.make_sample_scratch(1, V)
+    st = K.make_sample_state(7)
+    toks = []
+    for _ in range(n):
+        tok, _, st = gpu.sample(logits, temp, top_k, top_p, min_p, st, None, 1.0, scratch)
+        toks.append(tok)
+    counts = np.bincount(np.array(mx.concatenate(toks)), minlength=V).astype(np.float64)
+    chi2, dof, outside, z = _chi2(counts, base, temp, top_k, top_p, min_p)
+    record("sample_chi2", f"V{V} groups{gpu.sample_groups(1, V)} T{temp} k{top_k} p{top_p} m{min_p} n{n}",
+           abs(z) if outside == 0 else 1e9, 4.0, 0, 0, 0, "", dict(chi2=chi2, dof=dof, outside=outside))
 
 
 def _experts(E, out, inp, bits, gs=64, dtype=mx.bfloat16):
@@ -451,10 +485,14 @@ def main(argv=None):
         for V in ([3072, 151936] if q else [2048, 3072, 151936]):
             for (T, k, p, m) in [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 50, 1.0, 0.0), (0.8, 0, 0.9, 0.0),
                                  (1.0, 0, 1.0, 0.05), (0.7, 20, 0.8, 0.05)]:
-                c_sample(4, V, T, k, p, m)
+                for B in (1, 4):
+                    c_sample(B, V, T, k, p, m)
+            c_sample(1, V, 0.7, 0, 0.9, 0.0, 1.1)  # the decode loop's sampled setting, penalty folded in
+            c_sample(1, V, 0.0, 0, 1.0, 0.0, 1.1)
         for (T, k, p, m) in [(1.0, 0, 1.0, 0.0), (0.8, 6, 1.0, 0.0), (1.0, 0, 0.7, 0.0), (1.0, 0, 1.0, 0.2),
                              (0.9, 10, 0.8, 0.1)]:
             c_sample_chi2(T, k, p, m)
+            c_sample_chi2_groups(T, k, p, m)
     if want("moe"):
         # Qwen3-30B-A3B's sparse layer (H 2048, expert I 768, 128 experts, top 8), Qwen3-Next's router
         for (T, E, k) in [(1, 128, 8), (2048, 128, 8), (1, 512, 10), (33, 60, 4)]:

@@ -24,8 +24,8 @@ def rope(x, table, offset):
     # 1 / inv_freq and rotates linearly, so the scale multiplies the result. Its angle is computed
     # in float32 (as Hugging Face computes it), the table's in float64: they differ by about
     # pos * 6e-8 radians.
-    # offset: an int, or an int32 scalar array (its bound is the caller's: generation checks the
-    # context before decoding)
+    # offset: an int, or an int32 array, scalar or (B,) one start per row (its bound is the caller's:
+    # generation checks the context before decoding)
     L = x.shape[-2]
     if not isinstance(offset, mx.array) and offset + L > table.max_positions:
         raise ValueError(f"rope: positions up to {offset + L} exceed the table ({table.max_positions})")
@@ -73,8 +73,8 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     return y
 
 
-def sample(logits, temperature, top_k, top_p, min_p, state):
-    return ref.sample(logits, temperature, top_k, top_p, min_p, state)
+def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
+    return ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)
 
 
 def moe_route(logits, top_k, norm_topk_prob):

@@ -11,6 +11,8 @@ import functools
 import math
 import sys
 
+from typing import Optional
+
 import mlx.core as mx
 
 from . import reference as ref
@@ -343,25 +345,79 @@ def gemv_quantized(x, w, scales, biases, group_size, bits, bias=None):
                 output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
 
 
-def sample(logits, temperature, top_k, top_p, min_p, state):
+@functools.lru_cache(maxsize=1)
+def multiprocessors() -> Optional[int]:
+    """The GPU's multiprocessor count, if MLX says it (asked once: the query costs tens of us)."""
+    try:
+        info = mx.device_info()
+    except Exception:  # noqa: BLE001
+        return None
+    for key in ("num_sms", "multi_processor_count", "multiprocessor_count", "sm_count"):
+        if key in info:
+            return int(info[key])
+    name = str(info.get("device_name", ""))
+    if "H100" in name or "H200" in name or "H20" in name:
+        return 132
+    return None
+
+
+# The sampler (bodies/sample.body): groups of 256 threads, a row split over up to 256 of them, each with
+# at least SAMPLE_MIN_SLICE entries of the vocabulary. More than one group a row needs them co-resident
+# (grid barriers: CUDA only), so a launch keeps rows * groups within SAMPLE_GROUPS_PER_SM a multiprocessor.
+# H200, V = 151936, one row (benchmarks/sample_probe.py, 2026-11-25): 1 a multiprocessor and slices of
+# >= 1024 (132 groups) 53.7 us a greedy call, 81.4 top-p with the penalty; 2 and 512 (256 groups) 37.9
+# and 67.8; 4 and 512 (256 groups too) 37.0 and 57.9, within the calls' noise of 2 and 512.
+SAMPLE_THREADS = 256
+SAMPLE_MAX_GROUPS = 256
+SAMPLE_MIN_SLICE = 512
+SAMPLE_GROUPS_PER_SM = 2
+SAMPLE_SCRATCH_WORDS = 4112 + 4 * SAMPLE_MAX_GROUPS  # sync words, histograms, the groups' table
+
+
+def sample_groups(B: int, V: int) -> int:
+    """Groups per row of a B x V sampler launch on this backend."""
+    if _backend() != "cuda":
+        return 1
+    sms = multiprocessors() or 16
+    return max(1, min(SAMPLE_MAX_GROUPS, (sms * SAMPLE_GROUPS_PER_SM) // B, -(-V // SAMPLE_MIN_SLICE)))
+
+
+def make_sample_scratch(B: int, V: int):
+    """The device memory a B x V sampler launch writes in place: (work (B, V) float32, scr (B, words)
+    uint32), zeroed and evaluated. A sampler keeps one per shape: its sync words carry over launches."""
+    work = mx.zeros((B, V), mx.float32)
+    scr = mx.zeros((B, SAMPLE_SCRATCH_WORDS), mx.uint32)
+    mx.eval(work, scr)
+    return work, scr
+
+
+def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
     if logits.ndim == 1:
         logits = logits[None]
     B, V = logits.shape
+
+    def fb():
+        return ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)
+
     if logits.dtype not in _GPU_DTYPES:
-        return ref.sample(logits, temperature, top_k, top_p, min_p, state)
-    if not temperature > 0.0:
-        # greedy: the reference's built-in argmax and logsumexp spread a row over many groups, where
-        # the fused kernel gives it one (52 us a token more at V = 151936 on the H200,
-        # benchmarks/decode_step_probe.py); same token, logprob and counter step by definition
-        return ref.sample(logits, temperature, top_k, top_p, min_p, state)
+        return fb()
+    if scratch is None or scratch[0].shape != (B, V):
+        scratch = make_sample_scratch(B, V)
+    if recent is not None and penalty != 1.0 and recent.size:
+        recent = recent.reshape(B, -1).astype(mx.int32)  # (T,) for one row, or (B, T)
+        H = recent.shape[1]
+    else:
+        recent, H = _i32(-1), 0
+    nb = sample_groups(B, V)
     use_minp = min_p > 0.0
     fp = _f32(float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
-              1.0 if use_minp else 0.0)
-    ip = _i32(V, int(top_k))
-    tok, lp, ns = _run("sample", (logits.dtype,),
-                       lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state),
-                       inputs=[logits, fp, ip, state.astype(mx.uint32)], template=[("T", logits.dtype)],
-                       grid=(B * 1024, 1, 1), threadgroup=(1024, 1, 1), output_shapes=[(B,), (B,), (2,)],
+              1.0 if use_minp else 0.0, float(penalty))
+    ip = _i32(V, int(top_k), nb, H, SAMPLE_SCRATCH_WORDS)
+    tok, lp, ns = _run("sample", (logits.dtype,), fb,
+                       inputs=[logits, fp, ip, state if state.dtype == mx.uint32 else state.astype(mx.uint32),
+                               recent, scratch[0], scratch[1]],
+                       template=[("T", logits.dtype)], grid=(nb * SAMPLE_THREADS, B, 1),
+                       threadgroup=(SAMPLE_THREADS, 1, 1), output_shapes=[(B,), (B,), (2,)],
                        output_dtypes=[mx.int32, mx.float32, mx.uint32])
     return tok, lp, ns
 

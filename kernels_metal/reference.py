@@ -303,8 +303,24 @@ def filtered_logits(logits: mx.array, temperature: float, top_k: int, top_p: flo
     return s
 
 
-def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, state):
+def penalize(logits: mx.array, recent: mx.array, penalty: float) -> mx.array:
+    """The float32 logits (B, V) with the repetition penalty applied once to each distinct id of
+    `recent` ((T,) for one row or (B, T); ids < 0 or >= V ignored): a positive logit divided by
+    `penalty`, a negative one multiplied, as Hugging Face does."""
+    lf = logits.astype(mx.float32)
+    B, V = lf.shape
+    ids = recent.reshape(B, -1).astype(mx.int32)
+    ids = mx.where((ids >= 0) & (ids < V), ids, V)  # ignored ids land in a spare column
+    hit = mx.put_along_axis(mx.zeros((B, V + 1), mx.float32), ids, mx.array(1.0, mx.float32), axis=-1)
+    return mx.where(hit[:, :V] > 0, mx.where(lf < 0, lf * penalty, lf / penalty), lf)
+
+
+def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, state, recent=None,
+           penalty: float = 1.0):
     """Returns (tokens (B,) int32, logprobs (B,) float32, next_state).
+
+    recent, penalty: the repetition penalty (`penalize`), applied first; the logprob is that of the
+    penalized logits.
 
     Gumbel-max: token = argmax over surviving tokens of s_v - log(-log(u[b, v])), u from
     hash_uniform(state). temperature == 0 is greedy argmax of the raw logits; the state advances
@@ -314,6 +330,8 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     if logits.ndim == 1:
         logits = logits[None]
     B, V = logits.shape
+    if recent is not None and penalty != 1.0 and recent.size:
+        logits = penalize(logits, recent, penalty)
     lf = logits.astype(mx.float32)
     if temperature <= 0.0:
         tok = mx.argmax(lf, axis=-1)

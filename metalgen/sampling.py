@@ -9,7 +9,7 @@ drawing a token never needs a readback.
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -54,33 +54,70 @@ def make_sampler(
     validate_sampling(temperature, top_k, top_p, min_p)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
-    state = K.make_sample_state(seed)
+    return DeviceSampler(temperature, top_k, top_p, min_p, seed)
 
-    def sampler(logits: mx.array) -> Tuple[mx.array, mx.array]:
-        nonlocal state
-        tokens, logprobs, state = K.sample(logits, temperature, top_k, top_p, min_p, state)
+
+class DeviceSampler:
+    """The sampler `make_sampler` builds: `sampler(logits (B, V)) -> (tokens (B,), logprobs (B,))`.
+
+    It also takes a repetition penalty to fold into the same launch (`sampler(logits, recent=ids,
+    penalty=p)`), which generation uses in place of a separate `RepetitionPenalty` processor. It holds
+    the device-side generator state and, on a GPU, the kernel's working memory for each logits shape.
+    """
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float, seed: int):
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.state = K.make_sample_state(seed)
+        self._scratch = {}
+
+    def __call__(self, logits: mx.array, recent: Optional[mx.array] = None,
+                 penalty: float = 1.0) -> Tuple[mx.array, mx.array]:
+        shape = tuple(logits.shape[-2:]) if logits.ndim > 1 else (1, logits.shape[0])
+        if shape not in self._scratch:
+            self._scratch[shape] = K.make_sample_scratch(*shape)
+        tokens, logprobs, self.state = K.sample(logits, self.temperature, self.top_k, self.top_p, self.min_p,
+                                                self.state, recent, penalty, self._scratch[shape])
         return tokens, logprobs
 
-    return sampler
 
+class RepetitionPenalty:
+    """Penalize tokens seen in the last `context_size` tokens (prompt included), as Hugging Face
+    does: positive logits are divided by `penalty`, negative ones multiplied. A logits processor
+    `(tokens (T,), logits (1, V)) -> logits`; next to a `DeviceSampler`, generation folds it into
+    the sampler's launch instead (`process_and_sample`)."""
 
-def make_repetition_penalty(penalty: float, context_size: int = 20) -> LogitsProcessor:
-    """Penalize tokens seen in the last `context_size` tokens (prompt included), as Hugging
-    Face does: positive logits are divided by `penalty`, negative ones multiplied."""
-    if penalty <= 0:
-        raise MetalgenError(f"repetition penalty must be > 0, got {penalty}")
-    if context_size < 1:
-        raise MetalgenError(f"repetition context size must be >= 1, got {context_size}")
+    def __init__(self, penalty: float, context_size: int = 20):
+        if penalty <= 0:
+            raise MetalgenError(f"repetition penalty must be > 0, got {penalty}")
+        if context_size < 1:
+            raise MetalgenError(f"repetition context size must be >= 1, got {context_size}")
+        self.penalty, self.context_size = float(penalty), int(context_size)
 
-    def processor(tokens: mx.array, logits: mx.array) -> mx.array:
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         # tokens: (T,) ids so far on the device; logits: (1, V)
-        recent = tokens[-context_size:]
+        recent = tokens[-self.context_size:]
         picked = logits[:, recent]
-        picked = mx.where(picked < 0, picked * penalty, picked / penalty)
+        picked = mx.where(picked < 0, picked * self.penalty, picked / self.penalty)
         logits[:, recent] = picked
         return logits
 
-    return processor
+
+def make_repetition_penalty(penalty: float, context_size: int = 20) -> RepetitionPenalty:
+    """The repetition penalty over the last `context_size` tokens (`RepetitionPenalty`)."""
+    return RepetitionPenalty(penalty, context_size)
+
+
+def sample_processed(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
+                     history: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
+    """Run the logits processors, then the sampler, on `logits` (1, V); lazy (token (1,), logprob (1,)).
+    A lone repetition penalty before a `DeviceSampler` runs inside the sampler's launch."""
+    if (len(processors) == 1 and isinstance(processors[0], RepetitionPenalty) and isinstance(sampler, DeviceSampler)
+            and history is not None):
+        rp = processors[0]
+        return sampler(logits, recent=history[-rp.context_size:], penalty=rp.penalty)
+    for processor in processors:
+        logits = processor(history, logits)
+    return sampler(logits)
 
 
 def make_logits_processors(

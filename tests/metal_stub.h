@@ -56,6 +56,15 @@ namespace metal {
 enum class mem_flags { mem_none, mem_device, mem_threadgroup, mem_texture };
 enum memory_order { memory_order_relaxed };
 void threadgroup_barrier(mem_flags);
+mem_flags operator|(mem_flags, mem_flags);
+struct simd_vote {
+  explicit operator uint64_t() const;
+};
+simd_vote simd_ballot(bool);
+uint simd_shuffle(uint, ushort);
+uint ctz(uint);
+uint popcount(uint);
+void simdgroup_barrier(mem_flags);
 float simd_sum(float);
 float simd_max(float);
 float simd_shuffle_xor(float, ushort);

@@ -172,8 +172,7 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert gpu.gemv_quantized(xs, wq, s, b, 64, 4).shape == (2, 48)
     tok, lp, ns = gpu.sample(rnd((2, 100)), 0.7, 5, 0.9, 0.0, K.make_sample_state(1))
     assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1]
-    # greedy (answered by the reference's built-in argmax / logsumexp, not the kernel): the
-    # reference's token, logprob and counter
+    # greedy: the reference's token, logprob and counter
     logits = rnd((3, 151936))
     tok, lp, ns = gpu.sample(logits, 0.0, 0, 1.0, 0.0, K.make_sample_state(1))
     rt, rl, rns = ref.sample(logits, 0.0, 0, 1.0, 0.0, K.make_sample_state(1))

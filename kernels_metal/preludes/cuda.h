@@ -50,6 +50,16 @@ MG_FN uint32_t mg_lanes_prefix_sum_u(uint32_t v) {
   return v;
 }
 
+// lane matching (the sampler's warp-aggregated histograms): the mask of the lanes holding the same
+// value as this one (every lane calls), the lowest set bit's index, the set bits' count, and a barrier
+// of the warp that orders its shared-memory accesses
+MG_FN uint32_t mg_lanes_match_u(uint32_t v) { return __match_any_sync(0xffffffffu, v); }
+MG_FN uint32_t mg_ctz(uint32_t m) { return (uint32_t)(__ffs((int)m) - 1); }
+MG_FN uint32_t mg_popc(uint32_t m) { return (uint32_t)__popc(m); }
+#define MG_WARP_SYNC() __syncwarp()
+// a group barrier that also orders the group's device-memory writes before its later reads
+#define MG_BARRIER_DEVICE() __syncthreads()
+
 MG_FN float mg_exp(float x) { return expf(x); }
 MG_FN float mg_log(float x) { return logf(x); }
 MG_FN float mg_rsqrt(float x) { return rsqrtf(x); }
@@ -150,6 +160,11 @@ MG_FN uint4 mg_load_u4_stream(const void* p) {
 }
 #define MG_LOAD_U4_STREAM(ptr) mg_load_u4_stream((const void*)(ptr))
 #define MG_DEVICE_ADD_F32(ptr, v) atomicAdd((ptr), (float)(v))
+// integer adds on device memory (the sampler's cross-group histograms: order-free, so every run and
+// every group sees the same sums)
+#define MG_DEVICE_ADD_U32(ptr, v) atomicAdd((ptr), (unsigned int)(v))
+typedef unsigned long long mg_u64;
+#define MG_DEVICE_ADD_U64(ptr, v) atomicAdd((ptr), (mg_u64)(v))
 
 // All blocks of the grid must be co-resident (MLX launches without cooperative groups): the
 // caller keeps the grid at most (SM count x blocks per SM).

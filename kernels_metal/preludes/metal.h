@@ -40,6 +40,27 @@ MG_FN int mg_lanes_xor_i(int v, uint32_t m) { return metal::simd_shuffle_xor(v, 
 MG_FN float mg_lanes_prefix_sum(float v) { return metal::simd_prefix_inclusive_sum(v); }
 MG_FN uint32_t mg_lanes_prefix_sum_u(uint32_t v) { return metal::simd_prefix_inclusive_sum(v); }
 
+// lane matching (the sampler's warp-aggregated histograms): the mask of the lanes holding the same
+// value as this one (every lane calls; one vote per distinct value, the SIMD group has no match
+// instruction), the lowest set bit's index, the set bits' count, and a barrier of the SIMD group that
+// orders its threadgroup-memory accesses
+MG_FN uint32_t mg_lanes_match_u(uint32_t v) {
+  uint32_t todo = 0xffffffffu;
+  uint32_t mine = 0u;
+  while (todo != 0u) {
+    const uint32_t b = metal::simd_shuffle(v, (ushort)metal::ctz(todo));
+    const uint32_t m = (uint32_t)static_cast<uint64_t>(metal::simd_ballot(v == b));
+    if (v == b) mine = m;
+    todo &= ~m;
+  }
+  return mine;
+}
+MG_FN uint32_t mg_ctz(uint32_t m) { return metal::ctz(m); }
+MG_FN uint32_t mg_popc(uint32_t m) { return metal::popcount(m); }
+#define MG_WARP_SYNC() metal::simdgroup_barrier(metal::mem_flags::mem_threadgroup)
+// a group barrier that also orders the group's device-memory writes before its later reads
+#define MG_BARRIER_DEVICE() threadgroup_barrier(metal::mem_flags::mem_device | metal::mem_flags::mem_threadgroup)
+
 // math, float32
 MG_FN float mg_exp(float x) { return metal::precise::exp(x); }
 MG_FN float mg_log(float x) { return metal::precise::log(x); }

@@ -43,6 +43,7 @@ import mlx.core as mx
 
 import kernels_metal as K
 from kernels_metal import source as S
+from kernels_metal.gpu import multiprocessors
 
 from .stacked import DecodeState, StackedWeights
 
@@ -50,21 +51,6 @@ THREADS = 256
 MIN_CHUNK = 16  # attention positions per (head, split) item at least (16 vs 64: -2 to -5% a token, run 10)
 PARAM_BLOCK = 64  # positions whose parameter rows are made at once
 _KERNELS = {}
-
-
-def multiprocessors() -> Optional[int]:
-    """The GPU's multiprocessor count, if MLX says it."""
-    try:
-        info = mx.device_info()
-    except Exception:  # noqa: BLE001
-        return None
-    for key in ("num_sms", "multi_processor_count", "multiprocessor_count", "sm_count"):
-        if key in info:
-            return int(info[key])
-    name = str(info.get("device_name", ""))
-    if "H100" in name or "H200" in name or "H20" in name:
-        return 132
-    return None
 
 
 # Benchmarks set this to sweep the megakernel's grid; None sizes it from the multiprocessors.
