@@ -7,6 +7,7 @@
 """
 
 from .api import generate, load, stream
+from .batch import BatchGenerator, batch_generate
 from .cache import KVCache, LinearAttnCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 from .chat import ChatSession
 from .errors import MetalgenError
@@ -29,6 +30,8 @@ __all__ = [
     "load",
     "stream",
     "generate",
+    "batch_generate",
+    "BatchGenerator",
     "GenerationResponse",
     "generate_step",
     "stream_generate",

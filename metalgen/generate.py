@@ -18,7 +18,7 @@ from profiling import NullTracer
 
 from .cache import cache_length, make_prompt_cache
 from .errors import MetalgenError
-from .sampling import LogitsProcessor, Sampler, make_sampler
+from .sampling import LogitsProcessor, Sampler, make_sampler, sample_processed
 
 _NULL_TRACER = NullTracer()
 
@@ -87,9 +87,7 @@ def process_and_sample(logits: mx.array, sampler: Sampler, processors: Sequence[
                        history: Optional[mx.array], tracer=_NULL_TRACER) -> Tuple[mx.array, mx.array]:
     """Enqueue the logits processors and the sampler on `logits` (1, V): lazy (token (1,), logprob (1,))."""
     with tracer.span("sample", sync=False):
-        for processor in processors:
-            logits = processor(history, logits)
-        return sampler(logits)
+        return sample_processed(logits, sampler, processors, history)
 
 
 def generate_step(
@@ -208,6 +206,33 @@ class _StopText:
         return out
 
 
+class TokenText:
+    """A generated token stream turned into text as `stream_generate` emits it: `add(token)` gives the
+    new text (never half a multi-byte character, nor the start of a possible stop string) and the finish
+    reason the token brings: "stop" for an EOS id (its text is not emitted) or a stop string (cut with
+    what follows), "length" when the caller says it is the last token, else None. Shared by
+    stream_generate and the batched paths (metalgen.batch, the server)."""
+
+    def __init__(self, tokenizer, stop_strings: Iterable[str] = (), eos_token_ids: Optional[Iterable[int]] = None):
+        self.eos = set(tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.detok = tokenizer.detokenizer()
+        self.text_vocab = tokenizer.vocab_size
+        self.stop = _StopText(list(stop_strings))
+
+    def add(self, token: int, last: bool = False) -> Tuple[str, Optional[str]]:
+        """The text `token` completes and its finish reason (`last`: no token follows it)."""
+        if token in self.eos:
+            return self.stop.push(self.detok.finalize())[0] + self.stop.flush(), "stop"
+        # Model vocabularies are padded past the tokenizer's (151936 vs 151669 for Qwen); a
+        # padding id has no text, as in Hugging Face's decoding.
+        text, hit = self.stop.push(self.detok.add(token) if token < self.text_vocab else "")
+        if hit:
+            return text, "stop"
+        if last:
+            return text + self.stop.push(self.detok.finalize())[0] + self.stop.flush(), "length"
+        return text, None
+
+
 def _peak_memory_gb() -> float:
     return mx.get_peak_memory() / 1e9
 
@@ -249,10 +274,7 @@ def stream_generate(
     if max_tokens < 0:
         raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
     budget = min(max_tokens, context - held - len(prompt))
-    eos = set(tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    detok = tokenizer.detokenizer()
-    text_vocab = tokenizer.vocab_size
-    stop = _StopText(list(stop_strings))
+    out = TokenText(tokenizer, stop_strings, eos_token_ids)
 
     mx.reset_peak_memory()
     tic = time.perf_counter()
@@ -277,24 +299,9 @@ def stream_generate(
             tic = time.perf_counter()
         gen_tps = (n - 1) / max(time.perf_counter() - tic, 1e-9) if n > 1 else 0.0
 
-        def response(text: str, reason: Optional[str]) -> GenerationResponse:
-            return GenerationResponse(
-                text, token, logprob, len(prompt), prompt_tps, n, gen_tps, _peak_memory_gb(), reason
-            )
-
-        if token in eos:
-            yield response(stop.push(detok.finalize())[0] + stop.flush(), "stop")
+        text, reason = out.add(token, last=n == budget)
+        yield GenerationResponse(text, token, logprob, len(prompt), prompt_tps, n, gen_tps, _peak_memory_gb(), reason)
+        if reason is not None:
             return
-        # Model vocabularies are padded past the tokenizer's (151936 vs 151669 for Qwen); a
-        # padding id has no text, as in Hugging Face's decoding.
-        text, hit = stop.push(detok.add(token) if token < text_vocab else "")
-        if hit:
-            yield response(text, "stop")
-            return
-        if n == budget:
-            text += stop.push(detok.finalize())[0] + stop.flush()
-            yield response(text, "length")
-            return
-        yield response(text, None)
     if n == 0:  # max_tokens == 0: nothing generated, still say why it ended
         yield GenerationResponse("", -1, 0.0, len(prompt), 0.0, 0, 0.0, _peak_memory_gb(), "length")

@@ -51,3 +51,29 @@ def write_checkpoint(folder: Path, config=None, *, shards=1, quantize=None, dtyp
     if tokenizer:
         copy_tokenizer(folder)
     return model
+
+
+# Small-vocabulary decoders for the batching tests (metalgen.batch, metalgen.batch_cache): one of each
+# attention kind (qwen2's q/k/v biases, qwen3's per-head q/k norms) and an MoE stack (layer 1 dense).
+BATCH_CONFIGS = {
+    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, vocab_size=512, max_position_embeddings=256,
+                  rope_theta=10000.0, tie_word_embeddings=False),
+    "qwen3": dict(TINY_QWEN3, vocab_size=512),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=64,
+                      num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                      vocab_size=512, tie_word_embeddings=True, max_position_embeddings=256,
+                      decoder_sparse_step=1, rms_norm_eps=1e-6, rope_theta=1e6),
+}
+
+
+def tiny_model(config: dict, seed: int = 0):
+    """An in-memory model of `config` with seeded random float32 weights (no files)."""
+    from metalgen.loading import finish_loading
+
+    model = build_model(config)
+    weights = model.pack_weights(dict(tree_flatten(random_weights(model, seed=seed, dtype=mx.float32))))
+    model.load_weights(list(weights.items()))
+    finish_loading(model)
+    return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -19,11 +20,13 @@ from metalgen.serve.engine import Engine  # noqa: E402
 NAME = "tiny"
 
 
-@pytest.fixture(scope="module")
-def served():
-    """(base url, model, tokenizer) of a server on a free port, for the module."""
+@pytest.fixture(scope="module", params=[1, 4], ids=["one-at-a-time", "batched"])
+def served(request):
+    """(base url, model, tokenizer, engine) of a server on a free port, for the module: every test runs
+    against one serving a request at a time (max_batch 1) and one batching them (max_batch 4)."""
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
-    engine = Engine(model, tok, NAME, decode="reference")  # the stacked prompt cache, as a GPU would serve
+    # one at a time: the stacked prompt cache, as a GPU would serve; a batch takes the plain path
+    engine = Engine(model, tok, NAME, decode="reference", max_batch=request.param)
     server = uvicorn.Server(uvicorn.Config(make_app(engine, 16), host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -32,7 +35,7 @@ def served():
             break
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", model, tok
+    yield f"http://127.0.0.1:{port}", model, tok, engine
     server.should_exit = True
     thread.join(timeout=10)
 
@@ -52,7 +55,7 @@ def test_models_and_health(served, client):
 
 
 def test_chat_completion_is_the_engines_greedy_answer(served, client):
-    _, model, tok = served
+    _, model, tok, engine = served
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
     r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -64,7 +67,8 @@ def test_chat_completion_is_the_engines_greedy_answer(served, client):
     r2 = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0)
     ids2 = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert r2.choices[0].message.content == greedy(model, tok, ids2, 4)
-    assert r2.usage.prompt_tokens_details.cached_tokens >= len(ids) - 1
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= len(ids) - 1 if engine.max_batch == 1 else cached == 0  # no prefix reuse in a batch yet
 
 
 def test_streamed_chat_with_usage_equals_the_whole_answer(client):
@@ -80,7 +84,7 @@ def test_streamed_chat_with_usage_equals_the_whole_answer(client):
 
 
 def test_text_completion_and_stop(served, client):
-    _, model, tok = served
+    _, model, tok, _ = served
     full = greedy(model, tok, tok.encode("Once upon"), 12)
     assert client.completions.create(model=NAME, prompt="Once upon", max_tokens=12, temperature=0).choices[0].text == full
     stop = full[3:6] if len(full) >= 6 else None
@@ -131,12 +135,46 @@ def test_a_closed_stream_stops_its_generation_and_the_server_goes_on(served, cli
     assert time.perf_counter() - tic < 20  # not behind 2000 tokens of the closed stream
 
 
+def test_concurrent_requests_each_get_the_answer_they_get_alone(served, client):
+    """Requests sent together (one streamed) while a long stream runs: each answer is the one it gets
+    alone; batched, they joined the running stream's batch, which its client then leaves."""
+    url, model, tok, engine = served
+    prompts = ["Once upon", "The sea is wide and", "Hello", "A longer prompt about the weather in the hills"]
+    lengths = [12, 5, 9, 7]
+    long = None
+    if engine.max_batch > 1:  # (one at a time, the others would wait behind it)
+        long = httpx.stream("POST", url + "/v1/completions", json={
+            "model": NAME, "prompt": "Long", "max_tokens": 2000, "stream": True, "temperature": 0})
+        lines = long.__enter__().iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+
+    def ask(i):
+        kw = dict(model=NAME, prompt=prompts[i], max_tokens=lengths[i], temperature=0)
+        if i == 1:
+            return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+        return client.completions.create(**kw).choices[0].text
+
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            texts = list(pool.map(ask, range(len(prompts))))
+    finally:
+        if long is not None:
+            long.__exit__(None, None, None)
+    assert texts == [greedy(model, tok, tok.encode(p), n) for p, n in zip(prompts, lengths)]
+    if long is not None:
+        assert engine.peak_batch >= 2
+    r = client.completions.create(model=NAME, prompt="After", max_tokens=3, temperature=0)
+    assert r.choices[0].text == greedy(model, tok, tok.encode("After"), 3)
+
+
 def test_serve_command_bad_flags_are_one_line_errors(capsys):
     from metalgen.cli import main
 
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--port", "70000"]) == 1
     assert capsys.readouterr().err.strip() == "metalgen: error: --port must be in 0..65535, got 70000"
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-tokens", "0"]) == 1
+    assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-batch", "0"]) == 1
+    assert capsys.readouterr().err.strip().endswith("--max-batch must be >= 1, got 0")
 
 
 def test_limits_name_their_field_and_bound():

@@ -20,7 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--max-tokens", type=int, default=512, help="for requests that give none; default: %(default)s")
-    p.add_argument("--decode", choices=DECODE_MODES, default="auto", help="decode path (docs/decode.md)")
+    p.add_argument("--max-batch", type=int, default=1,
+                   help="requests decoded together, one forward pass a token for all of them, on the plain path; "
+                        "1 (the default) serves one at a time on the fast decode path with prefix reuse across "
+                        "requests; a batch pays off from several concurrent clients (docs/serve.md)")
+    p.add_argument("--decode", choices=DECODE_MODES, default="auto",
+                   help="decode path (docs/decode.md); a batch of requests takes the plain path")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -38,12 +43,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1:
         raise MetalgenError("--max-tokens must be >= 1")
+    if args.max_batch < 1:
+        raise MetalgenError(f"--max-batch must be >= 1, got {args.max_batch}")
     if not 0 <= args.port < 65536:
         raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
     if args.verbose:
         kernels_metal.set_verbose(True)
     model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
-    engine = Engine(model, tokenizer, args.served_model_name or args.model, decode=args.decode)
+    engine = Engine(model, tokenizer, args.served_model_name or args.model, decode=args.decode,
+                    max_batch=args.max_batch)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
         uvicorn.run(make_app(engine, args.max_tokens), host=args.host, port=args.port,

@@ -39,3 +39,11 @@ def causal_mask_for(length: int) -> Optional[str]:
     name, which is also right for a prompt chunk appended after earlier chunks.
     """
     return "causal" if length > 1 else None
+
+
+def mask_for(length: int, cache) -> Optional[Any]:
+    """The mask every block of a stack needs for `length` new tokens: the cache's own where it has one (a
+    batched cache's rows are left-padded: metalgen.batch_cache.BatchKVCache.make_mask, an array), else
+    `causal_mask_for`. `cache` is the stack's per-layer cache list, or None."""
+    make = getattr(cache[0], "make_mask", None) if cache else None
+    return causal_mask_for(length) if make is None else make(length)

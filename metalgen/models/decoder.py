@@ -17,7 +17,7 @@ import mlx.nn as nn
 import kernels_metal as K
 
 from ..errors import MetalgenError
-from .base import causal_mask_for
+from .base import mask_for
 from .layers import MLP, Linear, RMSNorm
 from .moe import ExpertStacks, MoeSpec, SparseMoeBlock, sanitize_experts, stack_problem, stack_sparse_layers
 from .rope import RoPE, RopeConfig
@@ -69,14 +69,24 @@ def spec_from_args(args, **overrides) -> DecoderSpec:
 
 def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None, cache=None) -> mx.array:
     """Attention of q (B, Hq, L, D) over the new k, v (B, Hkv, L, D) appended to `cache` (if any):
-    the decode kernel reads the cache in place for one token, SDPA takes the rest. -> (B, Hq, L, D)"""
+    the decode kernel reads the cache in place for one unmasked token, SDPA takes the rest, among them
+    a batch's decode step, whose array mask hides each row's left padding. -> (B, Hq, L, D)"""
     if cache is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    if q.shape[2] == 1:
+    if q.shape[2] == 1 and mask is None:
         cache.update(k, v)
         return K.decode_attention(q, cache.keys, cache.values, cache.offset, scale)
     keys, values = cache.update_and_fetch(k, v)
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+
+
+def rope_offset(cache):
+    """Where RoPE turns the new tokens: the cache's length (0 without one), or for a batched cache
+    (metalgen.batch_cache) each row's own position, a (B,) int32 array (rows are left-padded)."""
+    if cache is None:
+        return 0
+    positions = getattr(cache, "positions", None)
+    return cache.offset if positions is None else positions
 
 
 class Attention(nn.Module):
@@ -109,7 +119,7 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         # -> (B, heads, L, D)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        offset = cache.offset if cache is not None else 0
+        offset = rope_offset(cache)
         if position_ids is None:
             q = self._rope(q, offset)
             k = self._rope(k, offset)
@@ -184,7 +194,7 @@ class DecoderModel(nn.Module):
         # inputs: (B, L) token ids, or input_embeddings: (B, L, hidden) given directly;
         # position_ids: only for a rope that takes explicit positions (M-RoPE: (3, B, L))
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
-        mask = causal_mask_for(h.shape[1])
+        mask = mask_for(h.shape[1], cache)
         if cache is None:
             cache = [None] * len(self.layers)
         queued = None

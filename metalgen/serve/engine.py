@@ -1,19 +1,24 @@
-"""The server's generation engine: requests run one at a time on a worker thread, on one prompt cache that
-each request trims to the prefix it shares with the one before (a chat's earlier turns, a shared system
-prompt), so only the rest is prefilled. Continuous batching is issue 17's next step (docs/serve.md)."""
+"""The server's generation engine, on a worker thread. With `max_batch` above 1 requests
+join a running batch as they arrive (metalgen.batch: one forward pass a token for every request in it)
+and leave it when they finish or their client goes away. With `max_batch` 1, or a model that cannot be
+batched yet (hybrid Gated DeltaNet stacks), requests run one at a time (the default: on the fast decode
+path, which serves one sequence) on one prompt cache that each
+request trims to the prefix it shares with the one before (a chat's earlier turns, a shared system
+prompt), so only the rest is prefilled (docs/serve.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from ..batch import BatchGenerator, check_batchable
 from ..chat import ReusedCache
 from ..errors import MetalgenError
-from ..generate import stream_generate
+from ..generate import TokenText, stream_generate
 from ..sampling import make_logits_processors, make_sampler
 from .protocol import GenerationRequest, RequestError, usage
 from .reasoning import opens_in_prompt
@@ -34,14 +39,33 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
-class Engine:
-    """Serves `model` as `name`; `submit` queues a request, the worker thread generates it."""
+class _Running:
+    """A job in the batch: its text so far (detokenized, stop strings held back) and its token count."""
 
-    def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512):
+    def __init__(self, job: Job, tokenizer):
+        self.job = job
+        self.text = TokenText(tokenizer, job.req.stop)
+        self.generated = 0
+
+
+class Engine:
+    """Serves `model` as `name`; `submit` queues a request, the worker thread generates it (up to
+    `max_batch` requests decoded together)."""
+
+    def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512, max_batch: int = 1):
+        if max_batch < 1:
+            raise MetalgenError(f"--max-batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.context = model.spec.max_position_embeddings
         self.prefill_step_size = prefill_step_size
         self.decode = decode
+        self.max_batch = max_batch
+        self.peak_batch = 0  # the most requests decoded together so far
+        if max_batch > 1:
+            try:
+                check_batchable(model)
+            except MetalgenError:
+                self.max_batch = 1  # one request at a time, as before batching
         # MLX binds an unevaluated array to the stream (of the thread) that made it, and the worker has a
         # stream of its own: the weights are evaluated here, and the cache is made by the worker
         mx.eval(model.parameters())
@@ -78,9 +102,79 @@ class Engine:
 
     def _work(self) -> None:
         with mx.stream(self.stream):
+            if self.max_batch > 1:
+                return self._work_batched()  # for the server's life
             self.reused = ReusedCache(self.model, self.decode)
             while True:
                 self._serve(self.jobs.get())
+
+    # -- batched: jobs join and leave a running batch --------------------------------------------------
+
+    def _work_batched(self) -> None:
+        gen = self._new_batch()
+        running: Dict[int, _Running] = {}
+        while True:
+            for job in self._arrivals(block=not gen.busy):
+                self._join(gen, job, running)
+            for uid, r in list(running.items()):
+                if r.job.cancelled.is_set():  # the client went away: out of the batch before the next token
+                    gen.remove(uid)
+                    self._finish(running.pop(uid), "cancelled")
+            if not gen.busy:
+                continue
+            try:
+                responses = gen.step()
+                self.peak_batch = max(self.peak_batch, len(responses))
+            except Exception as e:  # noqa: BLE001 - the server survives a failed step, and says why
+                error = e if isinstance(e, RequestError) else RequestError(
+                    f"generation failed: {type(e).__name__}: {e}", 500, "server_error")
+                for r in running.values():
+                    r.job.put("error", error)
+                running.clear()
+                gen = self._new_batch()
+                continue
+            for resp in responses:
+                r = running[resp.uid]
+                r.generated += 1
+                text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
+                if text:
+                    r.job.put("text", text)
+                if finish is not None:
+                    if resp.finish_reason is None:
+                        gen.remove(resp.uid)  # a stop string ended it
+                    self._finish(running.pop(resp.uid), finish)
+
+    def _new_batch(self) -> BatchGenerator:
+        return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size)
+
+    def _arrivals(self, block: bool) -> List[Job]:
+        """The jobs queued since the last step (waiting for one when the batch is idle)."""
+        jobs: List[Job] = [self.jobs.get()] if block else []
+        while True:
+            try:
+                jobs.append(self.jobs.get_nowait())
+            except queue.Empty:
+                return jobs
+
+    def _join(self, gen: BatchGenerator, job: Job, running: Dict[int, "_Running"]) -> None:
+        if job.cancelled.is_set():
+            return
+        req = job.req
+        try:
+            sampler = make_sampler(req.temperature, req.top_k, req.top_p, req.min_p, req.seed)
+            uid = gen.insert(job.ids, req.max_tokens, sampler, make_logits_processors(req.repetition_penalty),
+                             self.tokenizer.eos_token_ids)
+        except MetalgenError as e:
+            job.put("error", e if isinstance(e, RequestError) else RequestError(str(e)))
+            return
+        running[uid] = _Running(job, self.tokenizer)
+
+    @staticmethod
+    def _finish(r: "_Running", finish: Optional[str]) -> None:
+        # a batch holds no prefix cache across requests yet: nothing of the prompt was cached
+        r.job.put("done", finish, usage(len(r.job.ids), r.generated, 0))
+
+    # -- one at a time, on a reused prompt cache ---------------------------------------------------------
 
     def _serve(self, job: Job) -> None:
         if job.cancelled.is_set():

@@ -1,0 +1,157 @@
+"""The KV cache of one attention layer for a batch of sequences decoded together (metalgen.batch).
+
+Rows are left-padded so that every row's newest token sits in the same column: one decode step writes
+one column for all rows, and the attention of every row reads the same key range, with its padding
+masked out (`make_mask`) and RoPE turning each row at its own position (`positions`). Rows join
+(`extend`, a prompt prefilled alone into a per-layer KVCache) and leave (`filter`) between steps.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+
+from .cache import KVCache
+from .errors import MetalgenError
+
+
+class BatchKVCache:
+    """Keys and values of one attention layer for B rows: (B, kv_heads, capacity, head_dim).
+
+    `offset` columns are in use, shared by every row; row b's tokens fill columns
+    `padding[b]` .. `offset - 1` (its left padding is zeros that the mask hides). The padding is kept
+    twice: as a host list (to trim what all rows share without a readback) and as the (B,) int32
+    device array `left_padding` that masks and positions are computed from.
+    """
+
+    step = 256
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: int, padding: Sequence[int]):
+        if keys.shape[0] != len(padding):
+            raise MetalgenError(f"a batched KV cache of {keys.shape[0]} rows was given {len(padding)} paddings")
+        self.keys, self.values = keys, values
+        self.offset = int(offset)
+        self._set_padding(padding)
+
+    @classmethod
+    def from_cache(cls, cache: KVCache) -> "BatchKVCache":
+        """One row holding what a per-layer KVCache holds (a prompt prefilled alone)."""
+        if not isinstance(cache, KVCache) or cache.keys is None or cache.offset == 0:
+            raise MetalgenError("only a filled per-layer KVCache can join a batch")
+        if cache.keys.shape[0] != 1:
+            raise MetalgenError(f"a KVCache joining a batch must hold one sequence, not {cache.keys.shape[0]}")
+        n = cache.offset
+        return cls(*_with_room(cache.keys[..., :n, :], cache.values[..., :n, :], n, cls.step), n, [0])
+
+    def _set_padding(self, padding: Sequence[int]) -> None:
+        self.padding: List[int] = [int(p) for p in padding]
+        self.left_padding = mx.array(self.padding, mx.int32)  # (B,)
+
+    @property
+    def size(self) -> int:
+        """The number of rows."""
+        return len(self.padding)
+
+    @property
+    def positions(self) -> mx.array:
+        """(B,) int32: the position of each row's next token (its length so far): where RoPE turns the
+        tokens this step appends."""
+        return self.offset - self.left_padding
+
+    def make_mask(self, length: int) -> mx.array:
+        """The attention mask for `length` new tokens per row appended at `offset`: (B, 1, length,
+        offset + length) bool, True where a query may look. It hides each row's left padding and, for
+        more than one token, the keys after each query (causal)."""
+        cols = mx.arange(self.offset + length)
+        visible = cols[None, :] >= self.left_padding[:, None]  # (B, S)
+        mask = visible[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        if length > 1:
+            causal = cols[None, :] <= (self.offset + mx.arange(length))[:, None]  # (L, S)
+            mask = mask & causal[None, None]
+        return mask
+
+    def update(self, k: mx.array, v: mx.array) -> None:
+        """Append k, v: (B, kv_heads, L, head_dim), one column block for every row."""
+        end = self.offset + k.shape[2]
+        if end > self.keys.shape[2]:
+            self.keys, self.values = _with_room(self.keys[..., : self.offset, :], self.values[..., : self.offset, :],
+                                                 end, self.step)
+        self.keys[..., self.offset : end, :] = k
+        self.values[..., self.offset : end, :] = v
+        self.offset = end
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        """Append k, v and return every row's keys and values so far (B, kv_heads, offset, head_dim)."""
+        self.update(k, v)
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def extend(self, other: "BatchKVCache") -> None:
+        """Append `other`'s rows after these. The shorter side gets more left padding so that the newest
+        tokens of both stay in one column."""
+        offset = max(self.offset, other.offset)
+        parts = []
+        for c in (self, other):
+            grow = offset - c.offset  # columns prepended: that side's rows start later
+            pad = [(0, 0), (0, 0), (grow, 0), (0, 0)]
+            parts.append((mx.pad(c.keys[..., : c.offset, :], pad), mx.pad(c.values[..., : c.offset, :], pad),
+                           [p + grow for p in c.padding]))
+        keys = mx.concatenate([parts[0][0], parts[1][0]], axis=0)
+        values = mx.concatenate([parts[0][1], parts[1][1]], axis=0)
+        self.keys, self.values = _with_room(keys, values, offset, self.step)
+        self.offset = offset
+        self._set_padding(parts[0][2] + parts[1][2])
+
+    def filter(self, keep: Sequence[int]) -> None:
+        """Keep only the rows `keep` (indices, in the order given), and drop the left columns that are
+        padding in every row kept."""
+        keep = [int(i) for i in keep]
+        if not keep:
+            raise MetalgenError("a batched KV cache must keep at least one row (drop the cache instead)")
+        if keep != list(range(self.size)):
+            idx = mx.array(keep, mx.int32)
+            self.keys, self.values = self.keys[idx], self.values[idx]
+        padding = [self.padding[i] for i in keep]
+        shared = min(padding)
+        if shared:
+            self.keys = self.keys[..., shared:, :]
+            self.values = self.values[..., shared:, :]
+            self.offset -= shared
+        self._set_padding([p - shared for p in padding])
+
+    @property
+    def state(self) -> List[mx.array]:
+        """The arrays to evaluate to materialize this cache."""
+        return [self.keys, self.values, self.left_padding]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
+    """keys, values (B, H, used, D) copied into buffers with room past `used` (capacity rounded up to
+    `step`, at least one free column, so the next decode step does not reallocate)."""
+    capacity = ((used + step) // step) * step
+    pad = [(0, 0), (0, 0), (0, capacity - keys.shape[2]), (0, 0)]
+    return mx.pad(keys, pad), mx.pad(values, pad)
+
+
+def merge_caches(batch: Optional[List[BatchKVCache]], prompt_cache: List[KVCache]) -> List[BatchKVCache]:
+    """Add one sequence's per-layer KVCaches (a prompt prefilled alone) to a batch's per-layer caches as a
+    new last row; `batch` None starts a batch. Returns the batch's caches."""
+    rows = [BatchKVCache.from_cache(c) for c in prompt_cache]
+    if batch is None:
+        return rows
+    for b, r in zip(batch, rows):
+        b.extend(r)
+    return batch
+
+
+def filter_caches(batch: List[BatchKVCache], keep: Sequence[int]) -> Optional[List[BatchKVCache]]:
+    """Keep the rows `keep` of every layer's cache; None when no row is kept."""
+    if not keep:
+        return None
+    for c in batch:
+        c.filter(keep)
+    return batch
