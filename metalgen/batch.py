@@ -24,7 +24,7 @@ from profiling import NullTracer
 from .batch_cache import filter_caches, merge_caches
 from .cache import make_prompt_cache
 from .errors import MetalgenError
-from .generate import TokenText, decode_step, prefill, process_and_sample
+from .generate import TokenText, decode_step, prefill, process_and_sample, sample_with_top, step_logits
 from .sampling import LogitsProcessor, Sampler, make_sampler
 
 _NULL_TRACER = NullTracer()
@@ -40,12 +40,15 @@ class BatchResponse:
         logprob: its log-probability under the model's unfiltered distribution.
         finish_reason: None while the sequence goes on; "stop" (one of its stop ids) or "length" (its
             max_tokens, or the model's context) when this is its last token.
+        top_logprobs: for a sequence inserted with `top_logprobs=k`, the step's k most likely tokens as
+            (id, logprob) pairs, most likely first; else None.
     """
 
     uid: int
     token: int
     logprob: float
     finish_reason: Optional[str] = None
+    top_logprobs: Optional[List[Tuple[int, float]]] = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -56,7 +59,9 @@ class _Row:
     sampler: Optional[Sampler]  # None: the batch's shared greedy sampler
     processors: List[LogitsProcessor]
     stop_ids: frozenset
+    top_k: int = 0  # alternatives to report a token (0: none)
     history: Optional[mx.array] = None  # (T + n,) ids so far, kept only for its logits processors
+    top: Optional[List[mx.array]] = None  # lazy [ids (1, k), logprobs (1, k)] of its pending token
     generated: int = 0  # tokens read back
     done: bool = False  # finished or removed: leaves the batch at the next step
 
@@ -97,12 +102,14 @@ class BatchGenerator:
         self.logprobs: Optional[mx.array] = None
 
     def insert(self, prompt: Union[Sequence[int], mx.array], max_tokens: int = 256, sampler: Optional[Sampler] = None,
-               logits_processors: Sequence[LogitsProcessor] = (), stop_token_ids: Iterable[int] = ()) -> int:
+               logits_processors: Sequence[LogitsProcessor] = (), stop_token_ids: Iterable[int] = (),
+               top_logprobs: int = 0) -> int:
         """Queue a prompt (token ids); it joins the batch at the next `step` with room. Returns its uid.
 
         sampler: from `make_sampler` (greedy when None); rows may each have their own. logits_processors:
         functions `(history (T,), logits (1, V)) -> logits`, as generate_step takes them.
-        stop_token_ids: ids that end the sequence (e.g. the tokenizer's EOS ids)."""
+        stop_token_ids: ids that end the sequence (e.g. the tokenizer's EOS ids). top_logprobs: k > 0 makes
+        each of its responses carry the k most likely tokens (the row is then sampled on its own)."""
         ids = prompt.tolist() if isinstance(prompt, mx.array) else list(prompt)
         if not ids:
             raise MetalgenError("the prompt is empty")
@@ -114,8 +121,10 @@ class BatchGenerator:
             raise MetalgenError(f"the prompt has {len(ids)} tokens, past the model's context of {self.context}")
         if max_tokens < 1:
             raise MetalgenError(f"max tokens must be >= 1 in a batch, got {max_tokens}")
+        if not 0 <= top_logprobs <= vocab:
+            raise MetalgenError(f"top logprobs must be in 0..{vocab}, got {top_logprobs}")
         row = _Row(next(self._uids), mx.array(ids, mx.int32), min(max_tokens, self.context - len(ids)), sampler,
-                   list(logits_processors), frozenset(int(t) for t in stop_token_ids))
+                   list(logits_processors), frozenset(int(t) for t in stop_token_ids), int(top_logprobs))
         self.waiting.append(row)
         return row.uid
 
@@ -139,21 +148,23 @@ class BatchGenerator:
         if not self.rows:
             return []
         tokens, logprobs = self.tokens, self.logprobs
+        tops = [r.top for r in self.rows]  # the pending tokens' alternatives, where asked for
         if any(r.generated + 1 < r.budget for r in self.rows):
             # enqueue the next token of every row before reading this one back
             self.tokens, self.logprobs = self._decode(tokens)
-            mx.async_eval(self.tokens, self.logprobs)
+            mx.async_eval(self.tokens, self.logprobs, *[a for r in self.rows if r.top for a in r.top])
         else:  # every row ends with this token
             self.tokens = self.logprobs = None
         with self.tracer.span("readback", step=self.steps, sync=True):
             tokens = tokens.tolist()
         self.steps += 1
         out = []
-        for row, token, logprob in zip(self.rows, tokens, logprobs.tolist()):
+        for row, token, logprob, top in zip(self.rows, tokens, logprobs.tolist(), tops):
             row.generated += 1
             reason = "stop" if token in row.stop_ids else ("length" if row.generated >= row.budget else None)
             row.done = reason is not None
-            out.append(BatchResponse(row.uid, token, logprob, reason))
+            alternatives = list(zip(top[0][0].tolist(), top[1][0].tolist())) if top else None
+            out.append(BatchResponse(row.uid, token, logprob, reason, alternatives))
         return out
 
     def _drop_done(self) -> None:
@@ -175,8 +186,13 @@ class BatchGenerator:
             # all but the prompt's last chunk, then that chunk with its first token: generate_step's steps
             rest = prefill(self.model, row.prompt, cache, self.prefill_step_size, self.tracer)
             row.history = row.prompt if row.processors else None
-            token, logprob = decode_step(self.model, rest, cache, row.sampler or self._greedy, row.processors,
-                                         row.history, self.tracer, "prefill")
+            if row.top_k:
+                logits = step_logits(self.model, rest, cache, self.tracer, "prefill")
+                token, logprob, *row.top = sample_with_top(logits, row.sampler or self._greedy, row.processors,
+                                                           row.history, row.top_k, self.tracer)
+            else:
+                token, logprob = decode_step(self.model, rest, cache, row.sampler or self._greedy, row.processors,
+                                             row.history, self.tracer, "prefill")
             self.cache = merge_caches(self.cache, cache)
             self.rows.append(row)
             if self.tokens is None:
@@ -200,7 +216,7 @@ class BatchGenerator:
         groups: Dict[int, Tuple[Sampler, List[int]]] = {}
         singles = []
         for i, row in enumerate(self.rows):
-            if row.processors:
+            if row.processors or row.top_k:
                 singles.append(i)
             else:
                 sampler = row.sampler or self._greedy
@@ -215,9 +231,14 @@ class BatchGenerator:
             lps.append(lp)
         for i in singles:
             row = self.rows[i]
-            row.history = mx.concatenate([row.history, fed[i : i + 1]])
+            if row.processors:
+                row.history = mx.concatenate([row.history, fed[i : i + 1]])
             # (1, V): the processors and sampler exactly as a single generation runs them
-            t, lp = process_and_sample(logits[i : i + 1], row.sampler or self._greedy, row.processors, row.history)
+            sampler = row.sampler or self._greedy
+            if row.top_k:
+                t, lp, *row.top = sample_with_top(logits[i : i + 1], sampler, row.processors, row.history, row.top_k)
+            else:
+                t, lp = process_and_sample(logits[i : i + 1], sampler, row.processors, row.history)
             order.append(i)
             toks.append(t)
             lps.append(lp)

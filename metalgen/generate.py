@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterable, Iterator, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -36,6 +36,8 @@ class GenerationResponse:
         generation_tokens, generation_tps: tokens generated so far and decode speed.
         peak_memory: peak device memory so far, in GB.
         finish_reason: None while generating, then "stop" (EOS or stop string) or "length".
+        top_logprobs: with `stream_generate(top_logprobs=k)`, the k most likely tokens at this step as
+            (id, logprob) pairs, most likely first (logprobs as `logprob`'s); else None.
     """
 
     text: str
@@ -47,6 +49,7 @@ class GenerationResponse:
     generation_tps: float
     peak_memory: float
     finish_reason: Optional[str] = None
+    top_logprobs: Optional[List[Tuple[int, float]]] = None
 
 
 def prefill(model, prompt: mx.array, cache, step_size: int, tracer=_NULL_TRACER) -> mx.array:
@@ -75,12 +78,40 @@ def decode_step(
     inputs: (L,) token ids not yet in the cache. Returns lazy (token (1,), logprob (1,)).
     `phase` names the trace event: the step that feeds the prompt's last chunk is prefill.
     """
+    logits = step_logits(model, inputs, cache, tracer, phase)
+    return process_and_sample(logits, sampler, processors, history, tracer)
+
+
+def step_logits(model, inputs: mx.array, cache, tracer=_NULL_TRACER, phase: str = "decode_step") -> mx.array:
+    """Enqueue the forward pass of `inputs` (L,) ids not yet in the cache: lazy logits (1, V) of the last one."""
     with tracer.span(phase, tokens=int(inputs.size), sync=False):
         # (1, L, hidden) -> last position only -> logits (1, vocab)
         # a prompt's last chunk, like the others, a layer at a time; a decode step stays one graph
         h = model.hidden(inputs[None], cache=cache, layer_by_layer=inputs.size > 1)
-        logits = model.logits(h[:, -1, :])
-    return process_and_sample(logits, sampler, processors, history, tracer)
+        return model.logits(h[:, -1, :])
+
+
+def top_logprobs(logits: mx.array, k: int) -> Tuple[mx.array, mx.array]:
+    """The `k` most likely tokens of each row of `logits` (B, V): lazy (ids (B, k) int32, logprobs (B, k)
+    float32), most likely first. On the device, so that a step reads back 2k numbers, not V."""
+    lf = logits.astype(mx.float32)
+    lp = lf - mx.logsumexp(lf, axis=-1, keepdims=True)
+    ids = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]  # the k largest, unordered
+    vals = mx.take_along_axis(lp, ids, axis=-1)
+    order = mx.argsort(-vals, axis=-1)
+    return mx.take_along_axis(ids, order, axis=-1).astype(mx.int32), mx.take_along_axis(vals, order, axis=-1)
+
+
+def sample_with_top(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
+                    history: Optional[mx.array], k: int, tracer=_NULL_TRACER):
+    """`process_and_sample` that also returns the `k` most likely tokens: lazy (token (1,), logprob (1,),
+    top ids (1, k), top logprobs (1, k)). The processors run here, not folded into the sampler, so that
+    the alternatives come from the same (penalized, untempered) logits as the sampler's logprob."""
+    with tracer.span("sample", sync=False):
+        for processor in processors:
+            logits = processor(history, logits)
+        token, logprob = sampler(logits)
+        return (token, logprob) + top_logprobs(logits, k)
 
 
 def process_and_sample(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
@@ -101,8 +132,10 @@ def generate_step(
     prefill_step_size: int = 512,
     tracer=_NULL_TRACER,
     decode: Optional[str] = None,
-) -> Iterator[Tuple[int, float]]:
-    """Yield (token id, logprob) pairs, at most `max_tokens` of them.
+    top_logprobs: int = 0,
+) -> Iterator[Tuple]:
+    """Yield (token id, logprob) pairs, at most `max_tokens` of them; with `top_logprobs` k > 0,
+    (token id, logprob, top) triples, top the k most likely tokens of the step as (id, logprob) pairs.
 
     Args:
         prompt: (T,) prompt token ids.
@@ -116,8 +149,10 @@ def generate_step(
             `make_prompt_cache(model)` where a fast path runs (a StackedPromptCache) decodes on its
             decoder in place; per-layer caches on the plain path (or the compiled path of the
             hybrid stacks, which advances them in place).
+        top_logprobs: how many alternatives each step reports (0: none, and no work for them).
     """
     sampler = sampler or make_sampler()
+    k = int(top_logprobs)
     # Without a caller's cache the prompt goes into per-layer caches, copied once into the stacked
     # path's cache after the prefill (make_step). Prefilling straight into the stacked cache (what a
     # caller's StackedPromptCache does) was measured at 16384 tokens (2026-11-24, H200, qwen3-0.6b): the
@@ -131,8 +166,13 @@ def generate_step(
         cache.reserve(cache.offset + int(prompt.size) + max_tokens)
 
     rest = prefill(model, prompt, cache, prefill_step_size, tracer)
-    y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
-    mx.async_eval(y, logprob)
+    top = None  # lazy (ids (1, k), logprobs (1, k)) of the pending token when k > 0
+    if k:
+        y, logprob, *top = sample_with_top(step_logits(model, rest, cache, tracer, "prefill"), sampler, processors,
+                                           history, k, tracer)
+    else:
+        y, logprob = decode_step(model, rest, cache, sampler, processors, history, tracer, "prefill")
+    mx.async_eval(y, logprob, *(top or ()))
     if stacked:
         cache.release()  # the prompt's last step holds what it reads; the cache need not
     fast = None
@@ -153,20 +193,29 @@ def generate_step(
             # Enqueue step n+1 on the device before reading token n back.
             if processors:
                 history = mx.concatenate([history, y])
+            next_top = None
             if fast is not None:
                 with tracer.span("decode_step", tokens=1, sync=False):
                     logits = fast(y)
+            elif k:
+                logits = step_logits(model, y, cache, tracer)
+            if k:
+                next_y, next_logprob, *next_top = sample_with_top(logits, sampler, processors, history, k, tracer)
+            elif fast is not None:
                 next_y, next_logprob = process_and_sample(logits, sampler, processors, history, tracer)
             else:
                 next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history,
                                                    tracer)
-            mx.async_eval(next_y, next_logprob)
+            mx.async_eval(next_y, next_logprob, *(next_top or ()))
         with tracer.span("readback", step=n, sync=True):
             token = y.item()
-        yield token, logprob.item()
+        if top:
+            yield token, logprob.item(), list(zip(top[0][0].tolist(), top[1][0].tolist()))
+        else:
+            yield token, logprob.item()
         n += 1
         if n < max_tokens:
-            y, logprob = next_y, next_logprob
+            y, logprob, top = next_y, next_logprob, next_top
 
 
 class _StopText:
@@ -251,11 +300,13 @@ def stream_generate(
     prompt_cache=None,
     tracer=_NULL_TRACER,
     decode: Optional[str] = None,
+    top_logprobs: int = 0,
 ) -> Iterator[GenerationResponse]:
     """Generate from prompt token ids, yielding a GenerationResponse per token.
 
     Stops at an EOS id (default: the tokenizer's), at any of `stop_strings` (the stop string
     and what follows it are not emitted), at `max_tokens`, or at the model's context length.
+    `top_logprobs` k > 0: each response carries the step's k most likely tokens (computed on the device).
     """
     prompt = list(prompt)
     if not prompt:
@@ -273,6 +324,8 @@ def stream_generate(
         raise MetalgenError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab}")
     if max_tokens < 0:
         raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
+    if not 0 <= top_logprobs <= vocab:
+        raise MetalgenError(f"top logprobs must be in 0..{vocab}, got {top_logprobs}")
     budget = min(max_tokens, context - held - len(prompt))
     out = TokenText(tokenizer, stop_strings, eos_token_ids)
 
@@ -290,9 +343,10 @@ def stream_generate(
         prefill_step_size=prefill_step_size,
         tracer=tracer,
         decode=decode,
+        top_logprobs=top_logprobs,
     )
     token, logprob = -1, 0.0
-    for n, (token, logprob) in enumerate(tokens, start=1):
+    for n, (token, logprob, *top) in enumerate(tokens, start=1):
         if n == 1:
             prompt_time = time.perf_counter() - tic
             prompt_tps = len(prompt) / prompt_time
@@ -300,7 +354,8 @@ def stream_generate(
         gen_tps = (n - 1) / max(time.perf_counter() - tic, 1e-9) if n > 1 else 0.0
 
         text, reason = out.add(token, last=n == budget)
-        yield GenerationResponse(text, token, logprob, len(prompt), prompt_tps, n, gen_tps, _peak_memory_gb(), reason)
+        yield GenerationResponse(text, token, logprob, len(prompt), prompt_tps, n, gen_tps, _peak_memory_gb(), reason,
+                                 top[0] if top else None)
         if reason is not None:
             return
     if n == 0:  # max_tokens == 0: nothing generated, still say why it ended

@@ -107,6 +107,35 @@ def make_repetition_penalty(penalty: float, context_size: int = 20) -> Repetitio
     return RepetitionPenalty(penalty, context_size)
 
 
+class PresenceFrequencyPenalty:
+    """OpenAI's presence and frequency penalties: from each token's logit subtract `presence` once if it
+    occurs in the generated text so far and `frequency` times its count there. A logits processor
+    `(tokens (T,), logits (1, V)) -> logits`; `tokens` holds the prompt's `prompt_tokens` ids first, which
+    are not counted (OpenAI penalizes what the model wrote, not what it was given)."""
+
+    def __init__(self, presence: float = 0.0, frequency: float = 0.0, prompt_tokens: int = 0):
+        if prompt_tokens < 0:
+            raise MetalgenError(f"prompt tokens must be >= 0, got {prompt_tokens}")
+        self.presence, self.frequency, self.prompt_tokens = float(presence), float(frequency), int(prompt_tokens)
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        generated = tokens[self.prompt_tokens:]
+        if generated.size == 0:  # the first token: nothing written yet
+            return logits
+        # counts of each id on the device: a scatter-add of ones, no readback
+        counts = mx.zeros((logits.shape[-1],), mx.float32).at[generated].add(1.0)
+        penalty = self.frequency * counts + self.presence * (counts > 0).astype(mx.float32)
+        return (logits.astype(mx.float32) - penalty).astype(logits.dtype)
+
+
+def make_presence_frequency_penalty(presence: float = 0.0, frequency: float = 0.0,
+                                    prompt_tokens: int = 0) -> List[LogitsProcessor]:
+    """`[PresenceFrequencyPenalty]`, or `[]` when both penalties are 0 (the default path stays as it was)."""
+    if presence == 0 and frequency == 0:
+        return []
+    return [PresenceFrequencyPenalty(presence, frequency, prompt_tokens)]
+
+
 def sample_processed(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
                      history: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
     """Run the logits processors, then the sampler, on `logits` (1, V); lazy (token (1,), logprob (1,)).

@@ -133,3 +133,29 @@ def test_refusals_are_one_line_errors():
             gen.insert(prompt, n)
     with pytest.raises(MetalgenError, match="max batch"):
         BatchGenerator(tiny_model(BATCH_CONFIGS["qwen3"]), max_batch=0)
+
+
+def test_rows_that_ask_for_top_logprobs_get_those_of_their_run_alone(tiny):
+    # a row with alternatives (and a presence/frequency penalty) next to plain greedy rows: each gets the
+    # tokens, logprobs and alternatives it gets alone; the others carry none
+    from metalgen.sampling import make_presence_frequency_penalty
+
+    model, _ = tiny
+    prompts = [[5, 9, 17, 23], [40, 41, 42], [7, 7, 7, 7, 7]]
+    procs = make_presence_frequency_penalty(0.4, 1.2, prompt_tokens=3)
+    want = list(generate_step(mx.array(prompts[1], mx.int32), model, max_tokens=5, logits_processors=procs,
+                              top_logprobs=3))
+    gen = BatchGenerator(model, max_batch=3)
+    uids = [gen.insert(prompts[0], 5), gen.insert(prompts[1], 5, logits_processors=procs, top_logprobs=3),
+            gen.insert(prompts[2], 5)]
+    got = {u: [] for u in uids}
+    while gen.busy:
+        for r in gen.step():
+            got[r.uid].append(r)
+    assert [r.token for r in got[uids[1]]] == [t for t, _, _ in want]
+    for r, (_, lp, top) in zip(got[uids[1]], want):
+        assert r.logprob == pytest.approx(lp, abs=1e-5)
+        assert [i for i, _ in r.top_logprobs] == [i for i, _ in top]
+        assert [v for _, v in r.top_logprobs] == pytest.approx([v for _, v in top], abs=1e-5)
+    assert [r.token for r in got[uids[0]]] == alone(model, prompts[0], 5)
+    assert all(r.top_logprobs is None for u in (uids[0], uids[2]) for r in got[u])

@@ -170,3 +170,34 @@ def test_logits_processors_and_sampling_run_on_the_stacked_path(tiny, penalty):
     if penalty < 1:
         assert runs["reference"] != runs["reference_nopen"]
         assert len(set(runs["reference"])) < len(set(runs["reference_nopen"]))
+
+
+@pytest.mark.parametrize("decode", ["plain", "reference"])
+def test_top_logprobs_are_the_log_softmax_top_k_and_change_nothing_else(tiny, decode):
+    # each step's k alternatives are the top k of log_softmax(logits) (numpy over the full logits of the
+    # same prefix), the chosen token and its logprob are as without them, and a step still reads back once
+    import numpy as np
+
+    from metalgen.cache import make_prompt_cache
+
+    model, tok = tiny
+    prompt = [5, 9, 17, 23]
+    plain = list(generate_step(mx.array(prompt), model, max_tokens=4, decode=decode))
+    buf = io.StringIO()
+    withtop = list(generate_step(mx.array(prompt), model, max_tokens=4, decode=decode, top_logprobs=5,
+                                 tracer=Tracer(buf)))
+    assert [(t, lp) for t, lp, _ in withtop] == pytest.approx(plain)
+    assert [json.loads(line)["phase"] for line in buf.getvalue().splitlines()
+            if json.loads(line).get("sync")] == ["readback"] * 4
+    for n, (_, _, top) in enumerate(withtop):
+        ids = prompt + [t for t, _, _ in withtop[:n]]
+        logits = np.array(model.logits(model.hidden(mx.array([ids]), cache=make_prompt_cache(model, decode="plain"))
+                                       [:, -1, :])[0], dtype=np.float64)
+        lsm = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        assert [i for i, _ in top] == np.argsort(-lsm)[:5].tolist()
+        assert [v for _, v in top] == pytest.approx(lsm[np.argsort(-lsm)[:5]], abs=1e-4)
+    responses = list(stream_generate(model, tok, prompt, max_tokens=3, top_logprobs=2))
+    assert all(len(r.top_logprobs) == 2 for r in responses)
+    assert all(r.top_logprobs is None for r in stream_generate(model, tok, prompt, max_tokens=2))
+    with pytest.raises(MetalgenError, match="top logprobs must be in"):
+        list(stream_generate(model, tok, prompt, max_tokens=2, top_logprobs=-1))

@@ -138,3 +138,20 @@ def test_gpu_sampler_kernel_equals_the_reference(B, V):
             assert np.allclose(np.array(lp)[same], np.array(rl)[same], atol=1e-4)
             state = nxt
     assert mismatches <= max(1, B // 16)
+
+
+def test_presence_and_frequency_penalties_match_numpy():
+    # OpenAI's definition, over the generated tokens only: logit -= frequency * count + presence * (count > 0)
+    from metalgen.sampling import PresenceFrequencyPenalty, make_presence_frequency_penalty
+
+    logits = fresh_logits(seed=4)
+    history = [7, 7, 3, 250, 3, 3, 9, 7, 1, 1]  # the first 4 are the prompt's
+    out = PresenceFrequencyPenalty(0.5, -0.75, prompt_tokens=4)(mx.array(history, mx.int32), logits)
+    counts = np.bincount(history[4:], minlength=logits.shape[-1]).astype(np.float32)
+    want = np.array(logits) - (-0.75 * counts + 0.5 * (counts > 0))
+    assert np.allclose(np.array(out), want, atol=1e-6)
+    assert np.array(out)[0, 250] == np.array(logits)[0, 250]  # only in the prompt: not penalized
+    # nothing generated yet: unchanged; both 0: no processor at all (the sampler's fast path stays)
+    assert np.array_equal(np.array(PresenceFrequencyPenalty(1, 1, 4)(mx.array(history[:4]), logits)),
+                          np.array(logits))
+    assert make_presence_frequency_penalty(0, 0, 4) == [] and len(make_presence_frequency_penalty(0, 1, 4)) == 1

@@ -100,13 +100,100 @@ def test_seeded_sampling_is_reproducible(client):
     assert a == b
 
 
+def reference(model, tok, ids, n, top=0, **kw):
+    """The greedy tokens of `ids` alone, with their logprobs and top alternatives (metalgen.stream_generate)."""
+    return [r for r in metalgen.stream_generate(model, tok, ids, max_tokens=n, top_logprobs=top, **kw)
+            if r.token not in tok.eos_token_ids]
+
+
+def test_chat_logprobs_are_the_tokens_and_their_alternatives(served, client):
+    _, model, tok, _ = served
+    messages = [{"role": "user", "content": "Logprobs"}]
+    kw = dict(model=NAME, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    ref = reference(model, tok, tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True), 6, 3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == len(ref)
+    assert bytes(b for e in entries for b in e.bytes).decode() == r.choices[0].message.content
+    for e, want in zip(entries, ref):
+        assert e.token == tok.decode([want.token]) and e.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [t.token for t in e.top_logprobs] == [tok.decode([i]) for i, _ in want.top_logprobs]
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx([v for _, v in want.top_logprobs], abs=1e-4)
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5)  # greedy: the likeliest
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == r.choices[0].message.content
+
+
+def test_text_completion_logprobs(served, client):
+    _, model, tok, _ = served
+    r = client.completions.create(model=NAME, prompt="Once upon", max_tokens=5, temperature=0, logprobs=2)
+    lp, ref = r.choices[0].logprobs, reference(model, tok, tok.encode("Once upon"), 5, 2)
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == len(ref)
+    assert lp.token_logprobs == pytest.approx([x.logprob for x in ref], abs=1e-4)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert [list(d) for d in lp.top_logprobs] == [[tok.decode([i]) for i, _ in x.top_logprobs] for x in ref]
+    chunks = list(client.completions.create(model=NAME, prompt="Once upon", max_tokens=5, temperature=0,
+                                            logprobs=2, stream=True))
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+
+
+def test_n_choices_are_the_seeded_single_answers(client):
+    kw = dict(model=NAME, messages=[{"role": "user", "content": "Pick"}], max_tokens=6, temperature=1.0)
+    r = client.chat.completions.create(n=3, seed=11, **kw)
+    alone = [client.chat.completions.create(seed=11 + i, **kw).choices[0].message.content for i in range(3)]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.message.content for c in r.choices] == alone and len(set(alone)) > 1
+    assert r.usage.completion_tokens == 18 and r.usage.prompt_tokens == client.chat.completions.create(
+        seed=1, **kw).usage.prompt_tokens
+    chunks = list(client.chat.completions.create(n=3, seed=11, stream=True, stream_options={"include_usage": True},
+                                                 **kw))
+    texts = ["", "", ""]
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] += c.choices[0].delta.content or ""
+    assert texts == alone and chunks[-1].usage.completion_tokens == 18
+    assert sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason) == [0, 1, 2]
+
+
+def test_presence_and_frequency_penalties(served, client):
+    from metalgen.sampling import PresenceFrequencyPenalty
+
+    _, model, tok, _ = served
+    ids = tok.encode("Repeat")
+    r = client.completions.create(model=NAME, prompt="Repeat", max_tokens=10, temperature=0, presence_penalty=0.5,
+                                  frequency_penalty=1.5)
+    want = greedy_with(model, tok, ids, 10, [PresenceFrequencyPenalty(0.5, 1.5, len(ids))])
+    assert r.choices[0].text == want and want != greedy(model, tok, ids, 10)  # (the tiny model repeats itself)
+
+
+def greedy_with(model, tok, ids, n, processors):
+    return "".join(r.text for r in metalgen.stream_generate(model, tok, ids, max_tokens=n,
+                                                            logits_processors=processors))
+
+
 @pytest.mark.parametrize("body,status,param", [
     (b"{not json", 400, None),
     (json.dumps({"model": "other", "messages": [{"role": "user", "content": "x"}]}), 404, "model"),
     (json.dumps({"model": NAME, "messages": []}), 400, "messages"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400,
      "temperature"),
-    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 2}), 400, "n"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 0}), 400, "n"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 9}), 400, "n"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                 "top_logprobs": 30}), 400, "top_logprobs"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400,
+     "top_logprobs"),  # without logprobs: true
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": {"type": "function"}}),
+     400, "tools"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {
+            "name": "g"}}}), 400, "tool_choice"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}), 400,
+     "tool_choice"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}), 400,
+     "presence_penalty"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x " * 3000}]}), 400, "messages"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, param):

@@ -11,7 +11,8 @@ from ..errors import MetalgenError
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                       description="Serve /v1/chat/completions, /v1/completions, /v1/models and /health.")
+                       description="Serve /v1/chat/completions and /v1/completions (a text model) or /v1/audio/speech "
+                                   "(a speech model: Qwen3-TTS), /v1/models and /health.")
     p.add_argument("--model", default="dummy:qwen2.5-0.5b",
                    help="model folder, Hugging Face hub id, or dummy:<shape>; default: %(default)s")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for; default: --model")
@@ -26,6 +27,10 @@ def add_parser(sub) -> None:
                         "requests; a batch pays off from several concurrent clients (docs/serve.md)")
     p.add_argument("--decode", choices=DECODE_MODES, default="auto",
                    help="decode path (docs/decode.md); a batch of requests takes the plain path")
+    p.add_argument("--voice", action="append", default=[], metavar="NAME=CLIP",
+                   help="a speech Base model: a voice requests may name, cloned from a reference clip (repeatable)")
+    p.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
+                   help="the transcript of --voice NAME's clip, for in-context cloning (optional)")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -40,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..api import load
     from ..serve.engine import Engine
+    from ..serve.speech import SpeechEngine, model_kind, parse_voices
 
     if args.max_tokens < 1:
         raise MetalgenError("--max-tokens must be >= 1")
@@ -49,9 +55,20 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
     if args.verbose:
         kernels_metal.set_verbose(True)
-    model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
-    engine = Engine(model, tokenizer, args.served_model_name or args.model, decode=args.decode,
-                    max_batch=args.max_batch)
+    name = args.served_model_name or args.model
+    voices = parse_voices(args.voice, args.voice_text)
+    if model_kind(args.model, args.revision) == "speech":  # by its config's model_type
+        from ..tts import load as load_tts
+
+        if args.max_batch > 1:
+            print("metalgen: note: speech requests run one at a time (--max-batch is for text)", file=sys.stderr)
+        engine = SpeechEngine(load_tts(args.model, dtype=args.dtype, revision=args.revision), name,
+                              decode=args.decode, ref_voices=voices)
+    else:
+        if voices:
+            raise MetalgenError("--voice is for a speech (Qwen3-TTS Base) model")
+        model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
+        engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
         uvicorn.run(make_app(engine, args.max_tokens), host=args.host, port=args.port,

@@ -5,6 +5,7 @@ server-sent events, disconnect detection that cancels a stream, and no framework
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -13,9 +14,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .choices import Choice, answer, events
 from .engine import Engine
-from .protocol import RequestError, chunk, completion, new_id, parse_request
-from .reasoning import ReasoningSplitter
+from .logprobs import TokenStrings
+from .protocol import RequestError, new_id, parse_request
+from .speech import not_served, speech_route
 
 
 def _error(e: RequestError) -> JSONResponse:
@@ -34,6 +37,8 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
             {"id": engine.name, "object": "model", "created": created, "owned_by": "metalgen"}]})
 
     async def generate(request: Request, kind: str):
+        if getattr(engine, "task", "text") != "text":  # a speech model serves /v1/audio/speech only
+            return _error(not_served(engine, request.url.path))
         try:
             try:
                 body = json.loads(await request.body())
@@ -46,22 +51,15 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
             ids, opened = engine.encode(req)
         except RequestError as e:
             return _error(e)
-        job = engine.submit(req, ids, opened)
+        strings = TokenStrings(engine.tokenizer) if req.logprobs else None
+        # n choices are n jobs (batched, n rows of the batch); with a seed, choice i draws with seed + i
+        choices = [Choice(i, engine.submit(req if req.seed is None else dataclasses.replace(req, seed=req.seed + i),
+                                           ids, opened), strings) for i in range(req.n)]
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
-            return StreamingResponse(_events(job, req, rid), media_type="text/event-stream")
-        parts = {"content": [], "reasoning": []}
-        try:
-            async for event in _pieces(job):
-                if event[0] == "piece":
-                    parts[event[1]].append(event[2])
-                elif event[0] == "error":
-                    return _error(event[1])
-                else:
-                    return JSONResponse(completion(req, rid, "".join(parts["content"]), event[1], event[2],
-                                                   "".join(parts["reasoning"]) or None))
-        finally:
-            job.cancelled.set()  # a no-op once done; stops a generation whose client went away
+            return StreamingResponse(events(req, rid, choices), media_type="text/event-stream")
+        result = await answer(req, rid, choices)
+        return _error(result) if isinstance(result, RequestError) else JSONResponse(result)
 
     async def chat(request: Request):
         return await generate(request, "chat")
@@ -72,53 +70,6 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
     return Starlette(routes=[
         Route("/health", health), Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/completions", text, methods=["POST"]),
+        Route("/v1/audio/speech", speech_route(engine), methods=["POST"]),
     ])
 
-
-FIELDS = {"content": "content", "reasoning": "reasoning_content"}
-
-
-async def _pieces(job):
-    """A job's events with its text split into ("piece", kind, text), kind "content" or "reasoning" (a
-    chat's thinking block, reasoning.py; a text completion's text is all content), then ("done", finish,
-    usage) or ("error", RequestError)."""
-    splitter = ReasoningSplitter(job.in_reasoning) if job.req.kind == "chat" else None
-    while True:
-        event = await job.events.get()
-        if event[0] == "text":
-            for kind, text in splitter.feed(event[1]) if splitter else [("content", event[1])]:
-                yield ("piece", kind, text)
-            continue
-        if event[0] == "done" and splitter is not None:
-            for kind, text in splitter.finish():
-                yield ("piece", kind, text)
-        yield event
-        return
-
-
-async def _events(job, req, rid):
-    """Server-sent events of a streamed answer; a closed connection cancels the generation."""
-
-    def sse(obj) -> str:
-        return f"data: {json.dumps(obj)}\n\n"
-
-    first = True
-    try:
-        async for event in _pieces(job):
-            if event[0] == "piece":
-                yield sse(chunk(req, rid, event[2], None, first=first, field=FIELDS[event[1]]))
-                first = False
-            elif event[0] == "error":
-                yield sse(event[1].body())
-                break
-            else:
-                _, finish, use = event
-                if first and req.kind == "chat":
-                    yield sse(chunk(req, rid, "", None, first=True))
-                yield sse(chunk(req, rid, None, finish))
-                if req.include_usage:
-                    yield sse(chunk(req, rid, None, None, use=use))
-                break
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancelled.set()

@@ -19,14 +19,15 @@ from ..batch import BatchGenerator, check_batchable
 from ..chat import ReusedCache
 from ..errors import MetalgenError
 from ..generate import TokenText, stream_generate
-from ..sampling import make_logits_processors, make_sampler
+from ..sampling import make_logits_processors, make_presence_frequency_penalty, make_sampler
 from .protocol import GenerationRequest, RequestError, usage
 from .reasoning import opens_in_prompt
 
 
 class Job:
-    """One request in flight: its ids, and the events its handler reads: ("text", str), then ("done",
-    finish_reason, usage) or ("error", RequestError)."""
+    """One request in flight (one choice of it): its ids, and the events its handler reads: ("text", str)
+    (each after its tokens' ("token", id, logprob, top alternatives) where the request asks for logprobs),
+    then ("done", finish_reason, usage) or ("error", RequestError)."""
 
     def __init__(self, req: GenerationRequest, ids: List[int], loop: asyncio.AbstractEventLoop,
                  in_reasoning: bool = False):
@@ -82,7 +83,10 @@ class Engine:
         if req.kind == "chat":
             try:
                 kw = dict(req.template_kwargs, add_generation_prompt=True)
-                text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, **kw)
+                if req.tools:
+                    kw["tools"] = req.tools
+                # a tool_choice that forces a call starts the reply with the call (tools.forced_prefix)
+                text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, **kw) + req.tool_prefix
             except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's
                 raise RequestError(f"the chat template cannot render these messages: {str(e).splitlines()[0]}",
                                    param="messages")
@@ -136,6 +140,7 @@ class Engine:
             for resp in responses:
                 r = running[resp.uid]
                 r.generated += 1
+                self._put_token(r.job, resp.token, resp.logprob, resp.top_logprobs)
                 text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
                 if text:
                     r.job.put("text", text)
@@ -143,6 +148,16 @@ class Engine:
                     if resp.finish_reason is None:
                         gen.remove(resp.uid)  # a stop string ended it
                     self._finish(running.pop(resp.uid), finish)
+
+    def _processors(self, req: GenerationRequest, prompt_tokens: int) -> list:
+        """The request's logits processors; `prompt_tokens`: how many ids of their history precede the reply."""
+        return make_logits_processors(req.repetition_penalty) + make_presence_frequency_penalty(
+            req.presence_penalty, req.frequency_penalty, prompt_tokens)
+
+    def _put_token(self, job: Job, token: int, logprob: float, top) -> None:
+        """A token's logprob event, where asked for (the EOS that ends a reply is not part of it)."""
+        if job.req.logprobs and token not in self.tokenizer.eos_token_ids:
+            job.put("token", token, logprob, top)
 
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size)
@@ -162,8 +177,8 @@ class Engine:
         req = job.req
         try:
             sampler = make_sampler(req.temperature, req.top_k, req.top_p, req.min_p, req.seed)
-            uid = gen.insert(job.ids, req.max_tokens, sampler, make_logits_processors(req.repetition_penalty),
-                             self.tokenizer.eos_token_ids)
+            uid = gen.insert(job.ids, req.max_tokens, sampler, self._processors(req, len(job.ids)),
+                             self.tokenizer.eos_token_ids, req.top_logprobs if req.logprobs else 0)
         except MetalgenError as e:
             job.put("error", e if isinstance(e, RequestError) else RequestError(str(e)))
             return
@@ -191,13 +206,15 @@ class Engine:
         new = self.reused.feed(job.ids)
         cached = len(job.ids) - len(new)
         sampler = make_sampler(req.temperature, req.top_k, req.top_p, req.min_p, req.seed)
-        processors = make_logits_processors(req.repetition_penalty)
+        processors = self._processors(req, len(new))  # the history of a generation on the cache starts at `new`
         out, finish = [], "length"
         try:
             for r in stream_generate(self.model, self.tokenizer, new, max_tokens=req.max_tokens, sampler=sampler,
                                      logits_processors=processors, stop_strings=req.stop,
-                                     prefill_step_size=self.prefill_step_size, prompt_cache=self.reused.cache):
+                                     prefill_step_size=self.prefill_step_size, prompt_cache=self.reused.cache,
+                                     top_logprobs=req.top_logprobs if req.logprobs else 0):
                 out.append(r.token)
+                self._put_token(job, r.token, r.logprob, r.top_logprobs)
                 if r.text:
                     job.put("text", r.text)
                 if r.finish_reason:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import MetalgenError
+from .tools import forced_prefix
 
 
 class RequestError(MetalgenError):
@@ -41,6 +42,13 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     template_kwargs: dict = dataclasses.field(default_factory=dict)  # e.g. {"enable_thinking": False}
+    n: int = 1  # independent choices; choice i samples with seed + i
+    logprobs: bool = False  # each token's logprob in the answer
+    top_logprobs: int = 0  # and its this many most likely alternatives
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    tools: Optional[List[dict]] = None  # rendered into the prompt and parsed out of the reply; None: neither
+    tool_prefix: str = ""  # the start of a call the reply must make ("required" or a named tool_choice)
 
 
 def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
@@ -57,8 +65,73 @@ def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
 
 # fields the server does not honour yet: refused when set to anything but their neutral value, so that a
 # client never gets output that silently ignores what it asked for
-_NOT_YET = {"n": 1, "logprobs": False, "top_logprobs": None, "presence_penalty": 0, "frequency_penalty": 0,
-            "tools": None, "tool_choice": None, "response_format": None, "logit_bias": None}
+_NOT_YET = {"response_format": None, "logit_bias": None}
+MAX_N = 8  # choices of one request
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+def _tools(body: dict) -> Tuple[Optional[List[dict]], str]:
+    """The tools to render (None for none) and the forced start of the reply, from `tools` and
+    `tool_choice` ("auto", "none", "required", or {"type": "function", "function": {"name": ...}})."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise RequestError("'tools' must be a list of function tools", param="tools")
+        for tool in tools:
+            fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise RequestError("each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                                   param="tools")
+            if not isinstance(fn.get("parameters", {}), dict):
+                raise RequestError(f"the parameters of tool '{fn['name']}' must be a JSON schema object",
+                                   param="tools")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice is None or choice == "auto":
+        return (tools or None), ""
+    if choice == "none":
+        return None, ""  # no tools in the prompt: the model answers in text
+    if not names:
+        raise RequestError("'tool_choice' other than none or auto needs 'tools'", param="tool_choice")
+    if choice == "required":
+        return tools, forced_prefix()
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise RequestError("'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}", param="tool_choice")
+    if fn["name"] not in names:
+        raise RequestError(f"'tool_choice' names the function '{fn['name']}', which is not among the tools",
+                           param="tool_choice")
+    return tools, forced_prefix(fn["name"])
+
+
+def _message(m: Any) -> dict:
+    """A chat message checked, as the template takes it: text content, and an assistant's earlier tool
+    calls and a tool result's call id passed through."""
+    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+        raise RequestError("each message needs a 'role' of system, user, assistant or tool", param="messages")
+    content = m.get("content")
+    calls = m.get("tool_calls") if m["role"] == "assistant" else None
+    if isinstance(content, list):  # content parts: the text ones, joined
+        if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+            raise RequestError("only text content parts are supported", param="messages")
+        content = "".join(str(p.get("text", "")) for p in content)
+    elif content is None and calls:
+        content = ""  # an assistant turn that only called tools (the template concatenates content)
+    elif not isinstance(content, str):
+        raise RequestError("a message's 'content' must be a string or a list of text parts", param="messages")
+    # "developer" is the newer name of the system role
+    out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+    if calls:
+        if not isinstance(calls, list) or any(
+                not isinstance(c, dict) or not isinstance(c.get("function"), dict)
+                or not isinstance(c["function"].get("name"), str) for c in calls):
+            raise RequestError("an assistant message's 'tool_calls' must be a list of function calls",
+                               param="messages")
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if isinstance(m.get(key), str):
+            out[key] = m[key]
+    return out
 
 
 def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRequest:
@@ -77,21 +150,22 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("'messages' must be a non-empty list", param="messages")
-        checked = []
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-                raise RequestError("each message needs a 'role' of system, user, assistant or tool", param="messages")
-            content = m.get("content")
-            if isinstance(content, list):  # content parts: the text ones, joined
-                if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                    raise RequestError("only text content parts are supported", param="messages")
-                content = "".join(str(p.get("text", "")) for p in content)
-            elif not isinstance(content, str):
-                raise RequestError("a message's 'content' must be a string or a list of text parts", param="messages")
-            # "developer" is the newer name of the system role
-            checked.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-        messages = checked
+        messages = [_message(m) for m in messages]
+        tools, tool_prefix = _tools(body)
+        logprobs = body.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise RequestError("'logprobs' must be a boolean", param="logprobs")
+        top_logprobs = _number(body, "top_logprobs", 0, int, 0, MAX_TOP_LOGPROBS)
+        if top_logprobs and not logprobs:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     else:
+        for name in ("tools", "tool_choice"):
+            if body.get(name) is not None:
+                raise RequestError(f"'{name}' is for chat completions", param=name)
+        tools, tool_prefix = None, ""
+        # a text completion's logprobs is the number of alternatives (0: the chosen tokens' alone)
+        top_logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
+        logprobs, top_logprobs = top_logprobs is not None, top_logprobs or 0
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -124,6 +198,10 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         seed=None if body.get("seed") is None else _number(body, "seed", 0, int),
         stop=stop, stream=stream, include_usage=bool(options.get("include_usage", False)),
         template_kwargs=template_kwargs,
+        n=_number(body, "n", 1, int, 1, MAX_N), logprobs=bool(logprobs), top_logprobs=top_logprobs,
+        presence_penalty=_number(body, "presence_penalty", 0.0, float, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, float, -2.0, 2.0),
+        tools=tools, tool_prefix=tool_prefix,
     )
 
 
@@ -137,39 +215,43 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion(req: GenerationRequest, rid: str, text: str, finish: str, use: Dict[str, Any],
-               reasoning: Optional[str] = None) -> Dict[str, Any]:
-    """The whole answer of a request that did not stream (`reasoning`: a chat's thinking block)."""
-    created = int(time.time())
+def choice(req: GenerationRequest, index: int, text: Optional[str], finish: str, reasoning: Optional[str] = None,
+           tool_calls: Optional[List[dict]] = None, logprobs: Optional[dict] = None) -> Dict[str, Any]:
+    """One choice of an answer that did not stream (`reasoning`: a chat's thinking block; `tool_calls`:
+    the calls parsed out of the reply, as message entries)."""
     if req.kind == "chat":
         message = {"role": "assistant", "content": text}
         if reasoning:
             message["reasoning_content"] = reasoning
-        return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": use}
-    return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}], "usage": use}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
 
 
-def chunk(req: GenerationRequest, rid: str, text: Optional[str], finish: Optional[str], first: bool = False,
-          use: Optional[Dict[str, Any]] = None, field: str = "content") -> Dict[str, Any]:
-    """One server-sent event's object of a streamed answer (`use` alone: the final usage chunk; `field`:
-    a chat delta's "content" or "reasoning_content")."""
+def completion(req: GenerationRequest, rid: str, choices: List[Dict[str, Any]], use: Dict[str, Any]) -> Dict[str, Any]:
+    """The whole answer of a request that did not stream: its `choice`s and usage."""
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": req.model, "choices": choices,
+            "usage": use}
+
+
+def chunk(req: GenerationRequest, rid: str, delta: Optional[Dict[str, Any]], finish: Optional[str], index: int = 0,
+          first: bool = False, use: Optional[Dict[str, Any]] = None, logprobs: Optional[dict] = None) -> Dict[str, Any]:
+    """One server-sent event's object of a streamed answer: choice `index`'s `delta` (a chat's
+    {"content" | "reasoning_content" | "tool_calls": ...}, a text completion's {"text": ...}; `first`: a
+    chat choice's first, which names the role), or with `use` alone the final usage chunk."""
     created = int(time.time())
-    if req.kind == "chat":
-        obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
-        if use is not None:
-            obj.update(choices=[], usage=use)
-            return obj
-        delta = {field: text} if text else {}
-        if first:
-            delta = {"role": "assistant", "content": ""} | delta
-        obj["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-        return obj
-    obj = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+    obj = {"id": rid, "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+           "created": created, "model": req.model}
     if use is not None:
         obj.update(choices=[], usage=use)
         return obj
-    obj["choices"] = [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]
+    delta = dict(delta or {})
+    if req.kind == "chat":
+        if first:
+            delta = {"role": "assistant", "content": ""} | delta
+        obj["choices"] = [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
+        return obj
+    obj["choices"] = [{"index": index, "text": delta.get("text", ""), "finish_reason": finish, "logprobs": logprobs}]
     return obj
