@@ -1,0 +1,280 @@
+"""Load benchmark of OpenAI-compatible servers: `metalgen serve` against `mlx_lm.server`, same weights.
+
+    PYTHONPATH=. python3 benchmarks/serve_load.py --model dummy:qwen3-0.6b [--engines metalgen,mlx_lm]
+        [--concurrency 1,8,32,128] [--prompt-tokens 128] [--gen-tokens 128] [--max-batch 32]
+        [--chat-tokens 4096] --out DIR
+
+An engine name may carry its own max batch: `metalgen@1` serves one request at a time (on the fast
+decode path, with prefix reuse), `metalgen@32` batches up to 32.
+
+For each engine a server is started in its own process on the same checkpoint folder (a `dummy:` shape
+is written once as a Hugging Face folder from mlx-lm's own model class: metalgen.bench_mlx_lm), then for
+each concurrency level that many clients stream `/v1/completions` (temperature 0, distinct prompts of
+about --prompt-tokens tokens, --gen-tokens tokens each) until each has sent two requests. Reported per
+level: aggregate completion tokens/s (all tokens over the level's wall time), the time to first token
+p50 / p99, and each stream's decode rate. With --chat-tokens, a two-turn chat (a prompt of that many
+tokens, then the same conversation plus the reply and a new question) measures each turn's time to
+first token: the second turn's prefix is what a prefix cache reuses.
+
+Writes DIR/serve_load.jsonl (one object a level and engine), DIR/serve_load.md (the tables) and
+DIR/serve_load.svg (aggregate tokens/s against concurrency). The client is the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+WORDS = ("river stone garden light window market paper silver number music table winter summer letter "
+         "bridge forest morning evening station engine harbor mountain village ocean signal pattern").split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_checkpoint(model: str, folder: Path) -> Path:
+    """A Hugging Face folder for a `dummy:` shape (mlx-lm's own model class and values, quantized as
+    mlx_lm.convert would), with metalgen's embedded Qwen3 tokenizer; any other model is used as given."""
+    if not model.startswith("dummy:"):
+        return Path(model)
+    if (folder / "config.json").exists():
+        return folder
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from metalgen.bench_mlx_lm import _as_published, build_model
+    from metalgen.dummy import dummy_config, tokenizer_folder
+
+    config = _as_published(dummy_config(model[len("dummy:"):]))
+    mlm = build_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(mlm.parameters())))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    for f in tokenizer_folder().iterdir():
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def start(engine: str, folder: Path, port: int, max_batch: int, log) -> subprocess.Popen:
+    """Start a server; `engine` is metalgen or mlx_lm, with "@N" for a max batch of N (else max_batch)."""
+    engine, _, batch = engine.partition("@")
+    max_batch = int(batch or max_batch)
+    if engine == "metalgen":
+        cmd = [sys.executable, "-m", "metalgen", "serve", "--model", str(folder), "--port", str(port),
+               "--max-batch", str(max_batch)]
+    else:
+        cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
+               "--decode-concurrency", str(max_batch), "--prompt-concurrency", str(min(max_batch, 8))]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+async def request(port: int, path: str, body: dict) -> Dict:
+    """One streamed request: {ttft, end, tokens} (seconds from its start; tokens from the usage chunk,
+    else the count of content chunks)."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+    data = json.dumps(dict(body, stream=True, stream_options={"include_usage": True})).encode()
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+    await writer.drain()
+    status = (await reader.readline()).decode()
+    if " 200 " not in status:
+        raise RuntimeError(f"{path}: {status.strip()} {(await reader.read())[:300]!r}")
+    ttft, chunks, tokens = None, 0, None
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        obj = json.loads(payload)
+        if obj.get("usage"):
+            tokens = obj["usage"].get("completion_tokens")
+        for c in obj.get("choices") or []:
+            piece = c.get("text") or (c.get("delta") or {}).get("content")
+            if piece:
+                chunks += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+    writer.close()
+    return {"ttft": ttft, "end": time.perf_counter() - t0, "tokens": tokens if tokens is not None else chunks}
+
+
+def prompt_text(rng: random.Random, n_tokens: int) -> str:
+    # the words above are one token each with a leading space in Qwen's vocabulary (about)
+    return " ".join(rng.choice(WORDS) for _ in range(n_tokens))
+
+
+async def level(port: int, name: str, concurrency: int, prompt_tokens: int, gen_tokens: int, seed: int) -> Dict:
+    rng = random.Random(seed)
+    per_client = 2
+
+    async def client(i: int) -> List[Dict]:
+        out = []
+        for j in range(per_client):
+            body = {"model": name, "prompt": f"{i} {j} " + prompt_text(rng, prompt_tokens), "max_tokens": gen_tokens,
+                    "temperature": 0.0}
+            out.append(await request(port, "/v1/completions", body))
+        return out
+
+    t0 = time.perf_counter()
+    results = [r for rs in await asyncio.gather(*(client(i) for i in range(concurrency))) for r in rs]
+    wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
+    rates = [(r["tokens"] - 1) / (r["end"] - r["ttft"]) for r in results if r["ttft"] and r["tokens"] > 1]
+    return {"concurrency": concurrency, "requests": len(results), "completion_tokens": tokens, "wall_s": wall,
+            "aggregate_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+            "ttft_p99_ms": 1e3 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+            "stream_tok_s_median": statistics.median(rates) if rates else None}
+
+
+async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
+    rng = random.Random(seed)
+    first = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
+    # one token a turn, its whole latency the time to first token: a random model's first pieces may be
+    # whitespace that a server holds back (a thinking block could still open), which would blur a TTFT
+    body = {"model": name, "messages": first, "max_tokens": 1, "temperature": 0.0}
+    t1 = (await request(port, "/v1/chat/completions", body))["end"]
+    # the reply's text is not needed for timing: the second turn appends a fixed assistant message
+    second = first + [{"role": "assistant", "content": "It lists places and things."},
+                      {"role": "user", "content": "Name three of them."}]
+    t2 = (await request(port, "/v1/chat/completions", dict(body, messages=second)))["end"]
+    return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    import urllib.request
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("the server did not come up")
+
+
+def svg_plot(rows: List[Dict], path: Path) -> None:
+    """Aggregate tokens/s against concurrency, one line an engine, log-2 x axis; plain SVG."""
+    import math
+
+    engines = sorted({r["engine"] for r in rows})
+    xs = sorted({r["concurrency"] for r in rows})
+    ymax = max(r["aggregate_tok_s"] for r in rows) * 1.1
+    W, H, L, B = 640, 400, 60, 40
+
+    def px(c):
+        span = max(1e-9, math.log2(xs[-1]) - math.log2(xs[0]))
+        return L + (W - L - 20) * (math.log2(c) - math.log2(xs[0])) / span
+
+    def py(y):
+        return H - B - (H - B - 20) * y / ymax
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
+             f'font-size="12"><rect width="{W}" height="{H}" fill="white"/>',
+             f'<line x1="{L}" y1="{H - B}" x2="{W - 20}" y2="{H - B}" stroke="black"/>',
+             f'<line x1="{L}" y1="20" x2="{L}" y2="{H - B}" stroke="black"/>',
+             f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle">concurrent streams</text>',
+             f'<text x="14" y="{H / 2}" transform="rotate(-90 14 {H / 2})" text-anchor="middle">'
+             'aggregate tokens/s</text>']
+    for c in xs:
+        parts.append(f'<text x="{px(c):.0f}" y="{H - B + 15}" text-anchor="middle">{c}</text>')
+    for k in range(5):
+        y = ymax * k / 4
+        parts.append(f'<text x="{L - 5}" y="{py(y) + 4:.0f}" text-anchor="end">{y:.0f}</text>')
+    colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
+    for i, e in enumerate(engines):
+        pts = sorted((r["concurrency"], r["aggregate_tok_s"]) for r in rows if r["engine"] == e)
+        path_d = " ".join(f"{px(c):.1f},{py(y):.1f}" for c, y in pts)
+        parts.append(f'<polyline points="{path_d}" fill="none" stroke="{colors[i % 4]}" stroke-width="2"/>')
+        parts.append(f'<text x="{L + 10}" y="{30 + 16 * i}" fill="{colors[i % 4]}">{e}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--engines", default="metalgen,mlx_lm")
+    ap.add_argument("--concurrency", default="1,8,32,128")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--chat-tokens", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = write_checkpoint(args.model, out / "checkpoint")
+    rows = []
+    with open(out / "serve_load.jsonl", "a") as jl:
+        for engine in args.engines.split(","):
+            port = free_port()
+            with open(out / f"server_{engine.replace('@', '_b')}.log", "w") as log:
+                proc = start(engine, folder, port, args.max_batch, log)
+                try:
+                    wait_ready(port, proc)
+                    asyncio.run(level(port, str(folder), 1, 16, 8, args.seed))  # warm-up: kernels built, first graphs made
+                    for c in (int(x) for x in args.concurrency.split(",")):
+                        r = dict(asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, args.seed)),
+                                 engine=engine, model=args.model, max_batch=args.max_batch)
+                        print(json.dumps(r), flush=True)
+                        jl.write(json.dumps(r) + "\n")
+                        rows.append(r)
+                    if args.chat_tokens:
+                        r = dict(asyncio.run(chat_turns(port, str(folder), args.chat_tokens, args.seed)), engine=engine,
+                                 model=args.model)
+                        print(json.dumps(r), flush=True)
+                        jl.write(json.dumps(r) + "\n")
+                        rows.append(r)
+                finally:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+    levels = [r for r in rows if "concurrency" in r]
+    lines = [f"# {args.model}: prompt ~{args.prompt_tokens}, {args.gen_tokens} tokens, max batch {args.max_batch}",
+             "", "| engine | streams | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |",
+             "|---|---|---|---|---|---|"]
+    for r in levels:
+        rate = f"{r['stream_tok_s_median']:.1f}" if r["stream_tok_s_median"] else "-"
+        lines.append(f"| {r['engine']} | {r['concurrency']} | {r['aggregate_tok_s']:.1f} | {r['ttft_p50_ms']:.1f} | "
+                     f"{r['ttft_p99_ms']:.1f} | {rate} |")
+    for r in rows:
+        if "chat_tokens" in r:
+            lines.append(f"\n{r['engine']}: {r['chat_tokens']}-token chat, first token of turn 1 "
+                         f"{r['turn1_ttft_ms']:.1f} ms, turn 2 {r['turn2_ttft_ms']:.1f} ms ({r['speedup']:.1f}x)")
+    (out / "serve_load.md").write_text("\n".join(lines) + "\n")
+    if levels:
+        svg_plot(levels, out / "serve_load.svg")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
