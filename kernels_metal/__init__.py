@@ -33,6 +33,7 @@ __all__ = [
     "sample",
     "make_sample_state",
     "make_sample_scratch",
+    "sample_rows",
     "Experts",
     "moe_route",
     "moe_experts",
@@ -172,6 +173,17 @@ def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty
     sampler does): MLX may run launches with no data edge between them at the same time."""
     return _impl_for("sample").sample(logits, float(temperature), int(top_k), float(top_p), float(min_p), state,
                                       recent, float(penalty), scratch)
+
+
+def sample_rows(logits, settings, states, recent=None, scratch=None):
+    """`sample` for rows that each have their own settings and state (a batch of requests, one launch):
+    settings a (temperature, top_k, top_p, min_p, penalty, window) tuple a row (the penalty over the last
+    `window` ids of the row's `recent` (B, H), -1 for none), states (B, 3) uint32 [seed, counter, stream].
+    A row whose stream is 0 draws exactly as its own sampler would alone. Returns (tokens, logprobs,
+    next_states (B, 3)). The same ordering rule as `sample` holds for a shared scratch."""
+    return _impl_for("sample").sample_rows(
+        logits, tuple((float(t), int(k), float(p), float(m), float(pen), int(w)) for t, k, p, m, pen, w in settings),
+        states, recent, scratch)
 
 
 def make_sample_scratch(B: int, V: int):

@@ -77,6 +77,10 @@ def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty
     return ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)
 
 
+def sample_rows(logits, settings, states, recent=None, scratch=None):
+    return ref.sample_rows(logits, settings, states, recent)
+
+
 def moe_route(logits, top_k, norm_topk_prob):
     # softmax, then the k most probable by sort (MLX's own ops); equals the reference wherever no
     # two experts are exactly as probable

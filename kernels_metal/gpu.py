@@ -391,35 +391,59 @@ def make_sample_scratch(B: int, V: int):
     return work, scr
 
 
-def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
-    if logits.ndim == 1:
-        logits = logits[None]
+def _row_settings(temperature, top_k, top_p, min_p, penalty, window) -> tuple:
+    # one row of the kernel's rparams: [temperature, top_p, log(min_p), use_min_p, penalty, top_k, window]
+    use_minp = min_p > 0.0
+    return (float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
+            1.0 if use_minp else 0.0, float(penalty), float(top_k), float(window))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rparams(rows: tuple) -> mx.array:
+    # cached: a decode loop's settings repeat every token
+    return mx.array(rows, dtype=mx.float32)  # (B, 7)
+
+
+def _recent_rows(recent, B: int, penalized: bool):
+    if recent is None or not penalized or not recent.size:
+        return _i32(-1), 0
+    recent = recent.reshape(B, -1)  # (T,) for one row, or (B, T)
+    return (recent if recent.dtype == mx.int32 else recent.astype(mx.int32)), recent.shape[1]
+
+
+def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, scratch, fb):
     B, V = logits.shape
-
-    def fb():
-        return ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)
-
     if logits.dtype not in _GPU_DTYPES:
         return fb()
     if scratch is None or scratch[0].shape != (B, V):
         scratch = make_sample_scratch(B, V)
-    if recent is not None and penalty != 1.0 and recent.size:
-        recent = recent.reshape(B, -1).astype(mx.int32)  # (T,) for one row, or (B, T)
-        H = recent.shape[1]
-    else:
-        recent, H = _i32(-1), 0
     nb = sample_groups(B, V)
-    use_minp = min_p > 0.0
-    fp = _f32(float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
-              1.0 if use_minp else 0.0, float(penalty))
-    ip = _i32(V, int(top_k), nb, H, SAMPLE_SCRATCH_WORDS)
+    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row))
+    state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     tok, lp, ns = _run("sample", (logits.dtype,), fb,
-                       inputs=[logits, fp, ip, state if state.dtype == mx.uint32 else state.astype(mx.uint32),
-                               recent, scratch[0], scratch[1]],
+                       inputs=[logits, _rparams(rows), ip, state, recent, scratch[0], scratch[1]],
                        template=[("T", logits.dtype)], grid=(nb * SAMPLE_THREADS, B, 1),
-                       threadgroup=(SAMPLE_THREADS, 1, 1), output_shapes=[(B,), (B,), (2,)],
+                       threadgroup=(SAMPLE_THREADS, 1, 1), output_shapes=[(B,), (B,), state.shape],
                        output_dtypes=[mx.int32, mx.float32, mx.uint32])
     return tok, lp, ns
+
+
+def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
+    if logits.ndim == 1:
+        logits = logits[None]
+    B = logits.shape[0]
+    rec, H = _recent_rows(recent, B, penalty != 1.0)
+    rows = (_row_settings(temperature, top_k, top_p, min_p, penalty, H),) * B
+    return _sample_launch(logits, rows, state, rec, H, False, scratch,
+                          lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty))
+
+
+def sample_rows(logits, settings, states, recent=None, scratch=None):
+    B = logits.shape[0]
+    rec, H = _recent_rows(recent, B, any(s[4] != 1.0 and s[5] > 0 for s in settings))
+    rows = tuple(_row_settings(*s) for s in settings)
+    return _sample_launch(logits, rows, states, rec, H, True, scratch,
+                          lambda: ref.sample_rows(logits, settings, states, recent))
 
 
 # ---------------------------------------------------------------------------------------------

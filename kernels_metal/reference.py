@@ -241,19 +241,20 @@ def _mix32(x: mx.array) -> mx.array:
     return x
 
 
-def _row_keys(state: mx.array, B: int) -> mx.array:
-    """key[b] = mix(mix(mix(seed + GOLDEN) ^ counter) ^ (b * ROW + GOLDEN))."""
+def _row_keys(state: mx.array, B: int, streams: Optional[mx.array] = None) -> mx.array:
+    """key[b] = mix(mix(mix(seed + GOLDEN) ^ counter) ^ (stream_b * ROW + GOLDEN)), stream_b = b unless
+    `streams` (B,) says otherwise."""
     seed = state[0]
     counter = state[1]
     base = _mix32(_mix32(seed + _u(_GOLDEN)) ^ counter)
-    b = mx.arange(B).astype(U32)
+    b = mx.arange(B).astype(U32) if streams is None else streams.astype(U32)
     return _mix32(base ^ (b * _u(_ROW) + _u(_GOLDEN)))
 
 
-def hash_uniform(state: mx.array, B: int, V: int) -> mx.array:
+def hash_uniform(state: mx.array, B: int, V: int, streams: Optional[mx.array] = None) -> mx.array:
     """u[b, v] in (0, 1), float32: bits = mix(key[b] ^ mix(v)), u = ((bits >> 9) + 0.5) / 2^23
     (exact in float32, never 0 or 1)."""
-    keys = _row_keys(state, B)[:, None]
+    keys = _row_keys(state, B, streams)[:, None]
     v = mx.arange(V).astype(U32)[None, :]
     bits = _mix32(keys ^ _mix32(v))
     return ((bits >> _u(9)).astype(mx.float32) + 0.5) * (1.0 / 8388608.0)
@@ -316,11 +317,11 @@ def penalize(logits: mx.array, recent: mx.array, penalty: float) -> mx.array:
 
 
 def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, state, recent=None,
-           penalty: float = 1.0):
+           penalty: float = 1.0, streams: Optional[mx.array] = None):
     """Returns (tokens (B,) int32, logprobs (B,) float32, next_state).
 
     recent, penalty: the repetition penalty (`penalize`), applied first; the logprob is that of the
-    penalized logits.
+    penalized logits. streams: each row's random stream (default: its index).
 
     Gumbel-max: token = argmax over surviving tokens of s_v - log(-log(u[b, v])), u from
     hash_uniform(state). temperature == 0 is greedy argmax of the raw logits; the state advances
@@ -337,13 +338,34 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
         tok = mx.argmax(lf, axis=-1)
     else:
         s = filtered_logits(logits, temperature, top_k, top_p, min_p)
-        u = hash_uniform(state, B, V)
+        u = hash_uniform(state, B, V, streams)
         g = -mx.log(-mx.log(u))
         tok = mx.argmax(s + g, axis=-1)
     tok = tok.astype(mx.int32)
     lse = mx.logsumexp(lf, axis=-1)
     lp = mx.take_along_axis(lf, tok[:, None], axis=-1)[:, 0] - lse
     return tok, lp.astype(mx.float32), advance_state(state)
+
+
+def sample_rows(logits, settings, states, recent=None):
+    """Rows that each sample with their own settings and state (a batch of requests in one call).
+
+    settings: one (temperature, top_k, top_p, min_p, penalty, window) a row, the penalty over the last
+    `window` entries of its row of `recent` (B, H); states (B, 3) uint32 [seed, counter, stream] a row.
+    Row b draws exactly as `sample` draws row 0 of its logits alone with state [seed, counter] when its
+    stream is 0 (a request's own sampler), or as row `stream` of a shared sampler's call.
+    Returns (tokens (B,), logprobs (B,), next_states (B, 3), the counters advanced)."""
+    toks, lps = [], []
+    for b, (temperature, top_k, top_p, min_p, penalty, window) in enumerate(settings):
+        rec = None
+        if recent is not None and window > 0 and penalty != 1.0:
+            H = recent.shape[-1]
+            rec = recent[b, H - min(int(window), H):]
+        tok, lp, _ = sample(logits[b : b + 1], temperature, top_k, top_p, min_p, states[b, :2], rec, penalty,
+                            streams=states[b, 2:3])
+        toks.append(tok)
+        lps.append(lp)
+    return mx.concatenate(toks), mx.concatenate(lps), states + mx.array([0, 1, 0], dtype=U32)
 
 
 # ----------------------------------------------------------------------------------------------

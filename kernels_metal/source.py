@@ -192,7 +192,7 @@ SPECS = {
               dtypes=[bf16, i32, bf16, i32], out=[bf16], tmpl=[bf16]),
         _spec("moe_pack", "moe_pack", ["inds", "params"], ["src", "dst", "bexp"], ["B"],
               dtypes=[i32, i32], out=[i32, i32, i32], tmpl=[64]),
-        _spec("sample", "sample", ["logits", "fparams", "iparams", "state", "recent", "work", "scr"],
+        _spec("sample", "sample", ["logits", "rparams", "iparams", "state", "recent", "work", "scr"],
               ["tok", "lp", "next_state"], ["T"],
               dtypes=[bf16, f32, i32, u32, i32, f32, u32], out=[i32, f32, u32], tmpl=[bf16]),
         # Gated DeltaNet decode (docs/kernels.md): one token of the gated delta rule for every value head

@@ -2,9 +2,11 @@
 all of them, sequences joining and leaving the running batch between steps.
 
 `BatchGenerator` is the token level (what the server runs): `insert` a prompt, `step` the batch, `remove`
-a sequence. A new prompt is prefilled alone (in chunks, as generate.py prefills) and its first token
-sampled, then its per-layer KVCaches join the batch's left-padded caches (metalgen.batch_cache) at the
-next step boundary. `batch_generate` is the offline API over it: prompts in, texts out.
+a sequence. Prompts that arrive are prefilled together, up to `prefill_batch` of them left-padded into one
+fresh batched cache (metalgen.batch_cache), one chunk of at most `prefill_step_size` tokens a step ahead of
+the running rows' decode, so that a long prompt does not stall the batch; when their prompts are complete
+their first tokens are sampled and they join the running batch. `batch_generate` is the offline API over
+it: prompts in, texts out.
 
 Dense and MoE Qwen decoders take this path; the hybrid Gated DeltaNet stacks do not yet (their
 recurrent states would need batching too) and are refused with a MetalgenError.
@@ -19,13 +21,13 @@ from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
+import kernels_metal as K
 from profiling import NullTracer
 
-from .batch_cache import filter_caches, merge_caches
-from .cache import make_prompt_cache
+from .batch_cache import BatchKVCache, extend_caches, filter_caches
 from .errors import MetalgenError
-from .generate import TokenText, decode_step, prefill, process_and_sample, sample_with_top, step_logits
-from .sampling import LogitsProcessor, Sampler, make_sampler
+from .generate import TokenText, process_and_sample, sample_with_top
+from .sampling import DeviceSampler, LogitsProcessor, RepetitionPenalty, Sampler, make_sampler
 
 _NULL_TRACER = NullTracer()
 
@@ -66,6 +68,20 @@ class _Row:
     done: bool = False  # finished or removed: leaves the batch at the next step
 
 
+@dataclasses.dataclass(eq=False)
+class _Prefill:
+    """Arrivals being prefilled together, a chunk a step, in a batched cache of their own until done."""
+
+    rows: List[_Row]
+    ids: mx.array  # (G, T) int32: each row's prompt, left-padded to the longest (T) with id 0
+    cache: List[BatchKVCache]  # per layer: G rows, padding as in `ids`, columns 0 .. fed - 1 written
+    fed: int = 0  # columns of `ids` in the cache
+
+    @property
+    def padding(self) -> List[int]:
+        return self.cache[0].padding
+
+
 def check_batchable(model) -> None:
     """Raise MetalgenError for a model whose layers cannot be batched yet (caller: go one at a time)."""
     if getattr(model.spec, "hybrid", None) is not None or getattr(model, "make_cache", None) is not None:
@@ -76,25 +92,40 @@ def check_batchable(model) -> None:
 class BatchGenerator:
     """Decodes up to `max_batch` sequences together, one forward pass a token for all of them.
 
-    `step()` advances every sequence by one token and returns their tokens; sequences inserted since the
-    last step are prefilled (alone) and join first, finished or removed ones leave. The loop is
-    double-buffered like generate_step's: the next step is enqueued before this step's tokens are read
-    back, and those (B,) token ids (with their computed logprobs) are the only per-step readback.
+    `step()` advances every sequence by one token and returns their tokens; finished or removed sequences
+    leave first. Sequences inserted since are prefilled together (up to `prefill_batch` rows, left-padded
+    into one batched cache), at most one chunk of `prefill_step_size` tokens a step, enqueued ahead of the
+    running rows' decode; a group whose prompts are complete samples its first tokens and joins the batch
+    in that step. The loop is double-buffered like generate_step's: the next step is enqueued before this
+    step's tokens are read back, and those (B,) token ids (with their computed logprobs) are the only
+    per-step readback.
     """
 
-    def __init__(self, model, *, max_batch: int = 8, prefill_step_size: int = 512, tracer=_NULL_TRACER):
+    def __init__(self, model, *, max_batch: int = 8, prefill_step_size: int = 512, prefill_batch: int = 8,
+                 tracer=_NULL_TRACER):
         check_batchable(model)
         if max_batch < 1:
             raise MetalgenError(f"max batch must be >= 1, got {max_batch}")
+        if prefill_batch < 1:
+            raise MetalgenError(f"prefill batch must be >= 1, got {prefill_batch}")
+        if prefill_step_size < 1:
+            raise MetalgenError(f"prefill step size must be >= 1, got {prefill_step_size}")
         self.model = model
         self.max_batch = max_batch
-        self.prefill_step_size = prefill_step_size
+        self.prefill_step_size = prefill_step_size  # tokens (padding included) a prefill chunk feeds at most
+        self.prefill_batch = prefill_batch  # prompts prefilled together at most
         self.tracer = tracer  # profiling spans: prefill chunks, decode steps, readbacks
         self.steps = 0
         self.context = model.spec.max_position_embeddings
         self._uids = itertools.count()
         self._greedy = make_sampler()
-        self.waiting: Deque[_Row] = collections.deque()  # inserted, not yet prefilled
+        # the rows sampled in one launch (_sample_fused): their device states [seed, counter, stream] (B, 3),
+        # for the rows `_state_uids` in that order; the kernel's scratch by shape
+        self._states: Optional[mx.array] = None
+        self._state_uids: Tuple[int, ...] = ()
+        self._scratch: Dict[Tuple[int, int], object] = {}
+        self.waiting: Deque[_Row] = collections.deque()  # inserted, prefill not begun
+        self.prefilling: Optional[_Prefill] = None  # the group being prefilled, a chunk a step
         self.rows: List[_Row] = []  # the batch, in the caches' row order
         self.cache = None  # per-layer BatchKVCaches of the rows, None when empty
         # the rows' tokens not yet read back (B,), lazy: sampled by the step before, fed by the next
@@ -131,20 +162,26 @@ class BatchGenerator:
     def remove(self, uid: int) -> None:
         """Cancel a sequence: it leaves at the next step and reports no more tokens (unknown uids: no-op)."""
         self.waiting = collections.deque(r for r in self.waiting if r.uid != uid)
-        for r in self.rows:
+        for r in self.rows + (self.prefilling.rows if self.prefilling else []):
             if r.uid == uid:
-                r.done = True
+                r.done = True  # a prefilling row leaves its group at the next step
+
+    @property
+    def joining(self) -> int:
+        """Sequences inserted that are not in the batch yet: waiting, or being prefilled."""
+        return len(self.waiting) + (sum(not r.done for r in self.prefilling.rows) if self.prefilling else 0)
 
     @property
     def busy(self) -> bool:
-        """Whether a sequence is waiting or still generating."""
-        return bool(self.waiting) or any(not r.done for r in self.rows)
+        """Whether a sequence is waiting, being prefilled or still generating."""
+        return self.joining > 0 or any(not r.done for r in self.rows)
 
     def step(self) -> List[BatchResponse]:
-        """Advance the batch by one token: finished rows leave, waiting prompts join (prefilled alone, as
-        many as `max_batch` has room for), and every row's next token comes back, in the batch's order."""
+        """Advance the batch by one token: finished rows leave, one chunk of the arrivals' prefill runs (a
+        group whose prompts it completes joins, first tokens sampled), and every row's next token comes
+        back, in the batch's order (none while only arrivals are being prefilled)."""
         self._drop_done()
-        self._admit()
+        self._prefill_chunk()
         if not self.rows:
             return []
         tokens, logprobs = self.tokens, self.logprobs
@@ -179,27 +216,110 @@ class BatchGenerator:
         idx = mx.array(keep, mx.int32)
         self.tokens, self.logprobs = self.tokens[idx], self.logprobs[idx]
 
-    def _admit(self) -> None:
-        while self.waiting and len(self.rows) < self.max_batch:
-            row = self.waiting.popleft()
-            cache = make_prompt_cache(self.model, decode="plain")
-            # all but the prompt's last chunk, then that chunk with its first token: generate_step's steps
-            rest = prefill(self.model, row.prompt, cache, self.prefill_step_size, self.tracer)
+    def _prefill_chunk(self) -> None:
+        """Enqueue one chunk of the arrivals' prefill: the group in progress (less its cancelled rows), else a
+        new group from the waiting prompts if the batch has room. A chunk feeds every row of the group the
+        same columns of their left-padded prompts, at most `prefill_step_size` tokens in all; the chunk that
+        ends the prompts gives each row's first token, and the group joins the running batch."""
+        group = self._drop_cancelled(self.prefilling) if self.prefilling else self._group()
+        self.prefilling = group
+        if group is None:
+            return
+        G, T = group.ids.shape
+        # the chunk's tokens, padding included, bound its activations: G rows of `width` columns
+        width = max(1, self.prefill_step_size // G)
+        start, end = group.fed, min(T, group.fed + width)
+        chunk = group.ids[:, start:end]  # (G, C)
+        with self.tracer.span("prefill", rows=G, tokens=G * (end - start), sync=False):
+            # a layer at a time, as generate.prefill feeds a prompt's chunks: a whole-stack graph would keep
+            # every layer's temporaries until the device reaches them
+            h = self.model.hidden(chunk, cache=group.cache, layer_by_layer=end - start > 1)
+            group.fed = end
+            if end < T:
+                mx.async_eval([c.state for c in group.cache])
+                return
+            # rows are left-padded: the last column is every row's last prompt token
+            logits = self.model.logits(h[:, -1, :])  # (G, hidden) -> (G, vocab)
+        tokens, logprobs = self._first_tokens(logits, group.rows)
+        self.prefilling = None
+        self.cache = extend_caches(self.cache, group.cache)
+        self.rows += group.rows
+        if self.tokens is None:
+            self.tokens, self.logprobs = tokens, logprobs
+        else:
+            self.tokens = mx.concatenate([self.tokens, tokens])
+            self.logprobs = mx.concatenate([self.logprobs, logprobs])
+
+    def _group(self) -> Optional[_Prefill]:
+        """Take the next prompts to prefill together from the waiting queue, None if none or no room.
+
+        The oldest waiting prompt always goes; each later one (in arrival order, up to `prefill_batch` and
+        the batch's room) joins it if the group, padded to its longest prompt, still fits one chunk
+        (`prefill_step_size` tokens), or else if padding stays at most a quarter of the group's tokens.
+        Why: a chunk of short prompts costs about one read of the weights however many rows it has, so
+        within one chunk grouping is nearly free and the padding costs no extra step; past one chunk the
+        pass is compute-bound, grouping gains little, and padding would add steps (each one delaying the
+        running batch) and make a short prompt wait for a long one's prefill. A prompt left out keeps its
+        place in the queue and, the oldest always going, is not passed over for long."""
+        room = min(self.prefill_batch, self.max_batch - len(self.rows))
+        if not self.waiting or room < 1:
+            return None
+        picked = [self.waiting[0]]
+        longest = real = int(self.waiting[0].prompt.size)
+        for row in itertools.islice(self.waiting, 1, None):
+            if len(picked) == room:
+                break
+            n = int(row.prompt.size)
+            padded = (len(picked) + 1) * max(longest, n)
+            if padded <= self.prefill_step_size or 4 * (padded - real - n) <= padded:
+                picked.append(row)
+                longest, real = max(longest, n), real + n
+        taken = set(map(id, picked))
+        self.waiting = collections.deque(r for r in self.waiting if id(r) not in taken)
+        padding = [longest - int(r.prompt.size) for r in picked]
+        # (G, T): each prompt after its padding (id 0: any id will do, the mask hides it)
+        ids = mx.stack([mx.concatenate([mx.zeros((p,), mx.int32), r.prompt]) if p else r.prompt
+                        for r, p in zip(picked, padding)])
+        cache = [BatchKVCache.empty(padding) for _ in self.model.layers]
+        return _Prefill(picked, ids, cache)
+
+    def _drop_cancelled(self, group: _Prefill) -> Optional[_Prefill]:
+        """The group without its removed rows (None if none is left), and without the left columns that are
+        padding in every row kept."""
+        keep = [i for i, r in enumerate(group.rows) if not r.done]
+        if len(keep) == len(group.rows):
+            return group
+        if not keep:
+            return None
+        padding = [group.padding[i] for i in keep]
+        shared = min(padding)
+        ids = group.ids[mx.array(keep, mx.int32)][:, shared:]  # (G', T - shared)
+        if shared >= group.fed:
+            # all that was fed is padding of every row kept: start again after it, in a fresh cache
+            cache, fed = [BatchKVCache.empty([p - shared for p in padding]) for _ in group.cache], 0
+        else:
+            cache, fed = filter_caches(group.cache, keep), group.fed - shared  # drops the `shared` columns
+        return _Prefill([group.rows[i] for i in keep], ids, cache, fed)
+
+    def _first_tokens(self, logits: mx.array, rows: List[_Row]) -> Tuple[mx.array, mx.array]:
+        """Each row's first token from its prompt's last logits (G, V), as a generation alone samples it
+        (process_and_sample, or sample_with_top for a row with alternatives), one (1, V) row at a time:
+        arrivals bring their own samplers, so a shared call would rarely group more than one. Returns lazy
+        (tokens (G,), logprobs (G,)) in row order."""
+        toks, lps = [], []
+        for i, row in enumerate(rows):
             row.history = row.prompt if row.processors else None
+            sampler = row.sampler or self._greedy
             if row.top_k:
-                logits = step_logits(self.model, rest, cache, self.tracer, "prefill")
-                token, logprob, *row.top = sample_with_top(logits, row.sampler or self._greedy, row.processors,
-                                                           row.history, row.top_k, self.tracer)
+                t, lp, *row.top = sample_with_top(logits[i : i + 1], sampler, row.processors, row.history,
+                                                  row.top_k, self.tracer)
             else:
-                token, logprob = decode_step(self.model, rest, cache, row.sampler or self._greedy, row.processors,
-                                             row.history, self.tracer, "prefill")
-            self.cache = merge_caches(self.cache, cache)
-            self.rows.append(row)
-            if self.tokens is None:
-                self.tokens, self.logprobs = token, logprob
-            else:
-                self.tokens = mx.concatenate([self.tokens, token])
-                self.logprobs = mx.concatenate([self.logprobs, logprob])
+                t, lp = process_and_sample(logits[i : i + 1], sampler, row.processors, row.history, self.tracer)
+            toks.append(t)
+            lps.append(lp)
+        if len(toks) == 1:
+            return toks[0], lps[0]
+        return mx.concatenate(toks), mx.concatenate(lps)
 
     def _decode(self, tokens: mx.array) -> Tuple[mx.array, mx.array]:
         """Enqueue one decode step of the whole batch fed `tokens` (B,): lazy (tokens (B,), logprobs (B,))."""
@@ -210,23 +330,17 @@ class BatchGenerator:
             return self._sample(logits, tokens)
 
     def _sample(self, logits: mx.array, fed: mx.array) -> Tuple[mx.array, mx.array]:
-        """Each row's sampler on its logits: rows without logits processors that share a sampler (the greedy
-        default, or one sampler given to many) in one call on their rows, the others one (1, V) row each
-        after their processors. Returns (tokens (B,), logprobs (B,)) in row order."""
-        groups: Dict[int, Tuple[Sampler, List[int]]] = {}
-        singles = []
+        """Each row's sampler on its logits: the rows of `make_sampler` samplers with at most a repetition
+        penalty in one launch, each with its own settings and state (`_sample_fused`); the others one (1, V)
+        row each after their processors. Returns (tokens (B,), logprobs (B,)) in row order."""
+        fused, singles = [], []
         for i, row in enumerate(self.rows):
-            if row.processors or row.top_k:
-                singles.append(i)
-            else:
-                sampler = row.sampler or self._greedy
-                groups.setdefault(id(sampler), (sampler, []))[1].append(i)
+            (fused if self._fusable(row) else singles).append(i)
         order, toks, lps = [], [], []
         B = len(self.rows)
-        for sampler, idx in groups.values():
-            sub = logits if len(idx) == B else logits[mx.array(idx, mx.int32)]  # (G, V)
-            t, lp = sampler(sub)
-            order += idx
+        if fused:
+            t, lp = self._sample_fused(logits if len(fused) == B else logits[mx.array(fused, mx.int32)], fed, fused)
+            order += fused
             toks.append(t)
             lps.append(lp)
         for i in singles:
@@ -250,9 +364,68 @@ class BatchGenerator:
         return tokens, logprobs
 
 
+    def _fusable(self, row: _Row) -> bool:
+        # a DeviceSampler's draw, with a lone repetition penalty at most, is what the rows launch does
+        sampler = row.sampler or self._greedy
+        if not isinstance(sampler, DeviceSampler) or row.top_k:
+            return False
+        return not row.processors or (len(row.processors) == 1 and isinstance(row.processors[0], RepetitionPenalty))
+
+    def _sample_fused(self, logits: mx.array, fed: mx.array, idx: List[int]) -> Tuple[mx.array, mx.array]:
+        """One sampler launch for the rows `idx` (logits (G, V), theirs): each row's settings, penalty window
+        and state, so that a row with a sampler of its own draws what it would draw alone."""
+        rows = [self.rows[i] for i in idx]
+        settings, windows = [], []
+        C = max((r.processors[0].context_size for r in rows if r.processors), default=0)
+        for i, r in zip(idx, rows):
+            s = r.sampler or self._greedy
+            pen = r.processors[0] if r.processors else None
+            settings.append((s.temperature, s.top_k, s.top_p, s.min_p, pen.penalty if pen else 1.0,
+                             pen.context_size if pen else 0))
+            if C:
+                if pen:
+                    r.history = mx.concatenate([r.history, fed[i : i + 1]])
+                    w = r.history[-C:]
+                    windows.append(mx.pad(w, (C - w.shape[0], 0), constant_values=-1) if w.shape[0] < C else w)
+                else:
+                    windows.append(mx.full((C,), -1, mx.int32))
+        recent = mx.stack(windows) if C else None  # (G, C): each row's last ids, -1 before its history
+        key = (len(rows), logits.shape[-1])
+        if key not in self._scratch:
+            self._scratch[key] = K.make_sample_scratch(*key)
+        tokens, logprobs, self._states = K.sample_rows(logits, settings, self._row_states(rows), recent,
+                                                       self._scratch[key])
+        self._state_uids = tuple(r.uid for r in rows)
+        return tokens, logprobs
+
+    def _row_states(self, rows: List[_Row]) -> mx.array:
+        """The device states (G, 3) of `rows`: those sampled in the last launch carried over (their counters
+        advanced on the device), a new row's from its sampler's state and a stream of its own (0 for a
+        sampler's first row: it draws as alone; a shared sampler's later rows 1, 2, ...)."""
+        uids = tuple(r.uid for r in rows)
+        if uids == self._state_uids:
+            return self._states
+        old = {u: i for i, u in enumerate(self._state_uids)}
+        kept = [r for r in rows if r.uid in old]
+        new = [r for r in rows if r.uid not in old]
+        parts = []
+        if kept:
+            parts.append(self._states[mx.array([old[r.uid] for r in kept], mx.int32)])
+        for r in new:
+            s = r.sampler or self._greedy
+            stream = s.next_stream()
+            parts.append(mx.concatenate([s.state.astype(mx.uint32), mx.array([stream], mx.uint32)])[None])
+        states = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+        placed = [r.uid for r in kept + new]
+        if placed != list(uids):  # back into the rows' order
+            at = {u: i for i, u in enumerate(placed)}
+            states = states[mx.array([at[u] for u in uids], mx.int32)]
+        return states
+
+
 def batch_generate(model, tokenizer, prompts: Sequence, *, max_tokens: int = 256, sampler: Optional[Sampler] = None,
                    logits_processors: Sequence[LogitsProcessor] = (), stop: Sequence[str] = (),
-                   max_batch: int = 32, prefill_step_size: int = 512) -> List[str]:
+                   max_batch: int = 32, prefill_step_size: int = 512, prefill_batch: int = 8) -> List[str]:
     """Generate a text for each prompt, decoding up to `max_batch` of them together; texts in prompt order.
 
     prompts: strings (encoded as is), token id lists, or chat message lists (metalgen.generate's
@@ -264,7 +437,8 @@ def batch_generate(model, tokenizer, prompts: Sequence, *, max_tokens: int = 256
 
     if max_tokens < 0:
         raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
-    gen = BatchGenerator(model, max_batch=max_batch, prefill_step_size=prefill_step_size)
+    gen = BatchGenerator(model, max_batch=max_batch, prefill_step_size=prefill_step_size,
+                         prefill_batch=prefill_batch)
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     if max_tokens == 0:
         return ["" for _ in ids]

@@ -3,7 +3,8 @@
 Rows are left-padded so that every row's newest token sits in the same column: one decode step writes
 one column for all rows, and the attention of every row reads the same key range, with its padding
 masked out (`make_mask`) and RoPE turning each row at its own position (`positions`). Rows join
-(`extend`, a prompt prefilled alone into a per-layer KVCache) and leave (`filter`) between steps.
+(`extend`: prompts prefilled together into a fresh `BatchKVCache.empty`, or one prefilled alone into a
+per-layer KVCache) and leave (`filter`) between steps.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class BatchKVCache:
 
     step = 256
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: int, padding: Sequence[int]):
-        if keys.shape[0] != len(padding):
+    def __init__(self, keys: Optional[mx.array], values: Optional[mx.array], offset: int, padding: Sequence[int]):
+        if keys is not None and keys.shape[0] != len(padding):
             raise MetalgenError(f"a batched KV cache of {keys.shape[0]} rows was given {len(padding)} paddings")
         self.keys, self.values = keys, values
         self.offset = int(offset)
@@ -43,6 +44,14 @@ class BatchKVCache:
             raise MetalgenError(f"a KVCache joining a batch must hold one sequence, not {cache.keys.shape[0]}")
         n = cache.offset
         return cls(*_with_room(cache.keys[..., :n, :], cache.values[..., :n, :], n, cls.step), n, [0])
+
+    @classmethod
+    def empty(cls, padding: Sequence[int]) -> "BatchKVCache":
+        """No columns yet, for rows about to be prefilled together from a left-padded (B, T) token matrix:
+        row b's first `padding[b]` tokens are padding. Its buffers are made by the first `update` (which
+        knows the heads, head_dim and dtype); until then `positions` are -padding, so that each row's
+        first real token turns at position 0."""
+        return cls(None, None, 0, padding)
 
     def _set_padding(self, padding: Sequence[int]) -> None:
         self.padding: List[int] = [int(p) for p in padding]
@@ -62,17 +71,26 @@ class BatchKVCache:
     def make_mask(self, length: int) -> mx.array:
         """The attention mask for `length` new tokens per row appended at `offset`: (B, 1, length,
         offset + length) bool, True where a query may look. It hides each row's left padding and, for
-        more than one token, the keys after each query (causal)."""
-        cols = mx.arange(self.offset + length)
-        visible = cols[None, :] >= self.left_padding[:, None]  # (B, S)
-        mask = visible[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        more than one token, the keys after each query (causal). A query that is itself padding (rows
+        prefilled together: `empty`) sees only its own key: a query that sees nothing gives NaN on some
+        backends, and a NaN value in a hidden column would still poison the other rows (0 * NaN)."""
+        cols = mx.arange(self.offset + length)  # (S,)
+        queries = self.offset + mx.arange(length)  # (L,): the new tokens' columns
+        # (B, L): where each query's keys start; a padding query's own column
+        start = mx.minimum(self.left_padding[:, None], queries[None, :])
+        mask = cols[None, None, :] >= start[:, :, None]  # (B, L, S)
         if length > 1:
-            causal = cols[None, :] <= (self.offset + mx.arange(length))[:, None]  # (L, S)
-            mask = mask & causal[None, None]
-        return mask
+            mask = mask & (cols[None, None, :] <= queries[None, :, None])  # causal
+        return mask[:, None]  # (B, 1, L, S): broadcast over heads
 
     def update(self, k: mx.array, v: mx.array) -> None:
         """Append k, v: (B, kv_heads, L, head_dim), one column block for every row."""
+        if self.keys is None:  # an `empty` cache's first chunk: it sets the heads, head_dim and dtype
+            if k.shape[0] != self.size:
+                raise MetalgenError(f"a batched KV cache of {self.size} rows was given {k.shape[0]} rows of keys")
+            self.keys, self.values = _with_room(k, v, k.shape[2], self.step)
+            self.offset = k.shape[2]
+            return
         end = self.offset + k.shape[2]
         if end > self.keys.shape[2]:
             self.keys, self.values = _with_room(self.keys[..., : self.offset, :], self.values[..., : self.offset, :],
@@ -102,31 +120,35 @@ class BatchKVCache:
         self.offset = offset
         self._set_padding(parts[0][2] + parts[1][2])
 
-    def filter(self, keep: Sequence[int]) -> None:
+    def filter(self, keep: Sequence[int]) -> int:
         """Keep only the rows `keep` (indices, in the order given), and drop the left columns that are
-        padding in every row kept."""
+        padding in every row kept. Returns how many columns were dropped: of rows still being prefilled
+        only those already written go (the rest of their padding is yet to come, and stays in `padding`)."""
         keep = [int(i) for i in keep]
         if not keep:
             raise MetalgenError("a batched KV cache must keep at least one row (drop the cache instead)")
-        if keep != list(range(self.size)):
+        if keep != list(range(self.size)) and self.keys is not None:
             idx = mx.array(keep, mx.int32)
             self.keys, self.values = self.keys[idx], self.values[idx]
         padding = [self.padding[i] for i in keep]
-        shared = min(padding)
+        shared = min(min(padding), self.offset)
         if shared:
             self.keys = self.keys[..., shared:, :]
             self.values = self.values[..., shared:, :]
             self.offset -= shared
         self._set_padding([p - shared for p in padding])
+        return shared
 
     @property
     def state(self) -> List[mx.array]:
         """The arrays to evaluate to materialize this cache."""
+        if self.keys is None:
+            return [self.left_padding]
         return [self.keys, self.values, self.left_padding]
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
 def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
@@ -141,6 +163,16 @@ def merge_caches(batch: Optional[List[BatchKVCache]], prompt_cache: List[KVCache
     """Add one sequence's per-layer KVCaches (a prompt prefilled alone) to a batch's per-layer caches as a
     new last row; `batch` None starts a batch. Returns the batch's caches."""
     rows = [BatchKVCache.from_cache(c) for c in prompt_cache]
+    if batch is None:
+        return rows
+    for b, r in zip(batch, rows):
+        b.extend(r)
+    return batch
+
+
+def extend_caches(batch: Optional[List[BatchKVCache]], rows: List[BatchKVCache]) -> List[BatchKVCache]:
+    """Append the rows of per-layer BatchKVCaches (prompts prefilled together) to a batch's per-layer caches;
+    `batch` None starts a batch with them. Returns the batch's caches."""
     if batch is None:
         return rows
     for b, r in zip(batch, rows):

@@ -69,6 +69,14 @@ class DeviceSampler:
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.state = K.make_sample_state(seed)
         self._scratch = {}
+        self._streams = 0
+
+    def next_stream(self) -> int:
+        """A random stream for each batch row that draws with this sampler's settings and state
+        (metalgen.batch samples rows in one launch): 0 first, which draws exactly as this sampler alone."""
+        stream = self._streams
+        self._streams += 1
+        return stream
 
     def __call__(self, logits: mx.array, recent: Optional[mx.array] = None,
                  penalty: float = 1.0) -> Tuple[mx.array, mx.array]:

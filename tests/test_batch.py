@@ -1,6 +1,7 @@
 """metalgen.batch: the BatchGenerator's tokens against each sequence generated alone (rows of different
 prompt lengths, one joining mid-way, one leaving early, one cancelled, per-row samplers and logits
-processors), one readback a step, batch_generate's texts, and what it refuses."""
+processors), arrivals prefilled together a chunk a step while the batch decodes (grouping, cancellation
+mid-prefill), one readback a step, batch_generate's texts, and what it refuses."""
 
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ def test_refusals_are_one_line_errors():
             gen.insert(prompt, n)
     with pytest.raises(MetalgenError, match="max batch"):
         BatchGenerator(tiny_model(BATCH_CONFIGS["qwen3"]), max_batch=0)
+    with pytest.raises(MetalgenError, match="prefill batch must be >= 1, got 0"):
+        BatchGenerator(tiny_model(BATCH_CONFIGS["qwen3"]), prefill_batch=0)
 
 
 def test_rows_that_ask_for_top_logprobs_get_those_of_their_run_alone(tiny):
@@ -159,3 +162,176 @@ def test_rows_that_ask_for_top_logprobs_get_those_of_their_run_alone(tiny):
         assert [v for _, v in r.top_logprobs] == pytest.approx([v for _, v in top], abs=1e-5)
     assert [r.token for r in got[uids[0]]] == alone(model, prompts[0], 5)
     assert all(r.top_logprobs is None for u in (uids[0], uids[2]) for r in got[u])
+
+
+def test_rows_with_their_own_samplers_draw_in_one_launch_a_step(monkeypatch):
+    # per-row settings and states in one sampler launch (kernels_metal.sample_rows); a row's own sampler
+    # draws only its first token (the prefill's), and the rows still get what they get alone
+    import kernels_metal
+
+    from metalgen.sampling import DeviceSampler
+
+    model = tiny_model(BATCH_CONFIGS["qwen3"])
+    launches, singles = [], []
+    real_rows, real_call = kernels_metal.sample_rows, DeviceSampler.__call__
+    monkeypatch.setattr(kernels_metal, "sample_rows", lambda logits, *a, **k: launches.append(logits.shape[0])
+                        or real_rows(logits, *a, **k))
+    monkeypatch.setattr(DeviceSampler, "__call__", lambda self, *a, **k: singles.append(1) or real_call(self, *a, **k))
+    settings = [(0.9, 1, None), (0.7, 2, 1.3), (0.0, 3, None)]
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+
+    def sampling(t, seed, pen):
+        return make_sampler(t, top_p=0.9, seed=seed), make_logits_processors(pen, 4)
+
+    gen = BatchGenerator(model, max_batch=3)
+    uids = [gen.insert(p, 6, *sampling(*s)) for p, s in zip(prompts, settings)]
+    tokens, _ = run(gen)
+    assert len(singles) == 3 and launches == [3] * 5  # 3 first tokens alone, then 5 steps of 3 rows
+    monkeypatch.setattr(DeviceSampler, "__call__", real_call)
+    for uid, p, s in zip(uids, prompts, settings):
+        assert tokens[uid] == alone(model, p, 6, *sampling(*s))
+
+
+def steps(gen, late=None):
+    """Step `gen` until it is idle: the responses of each step; `late` {step: fn} calls fn(gen) before it."""
+    out = []
+    while gen.busy or (late and len(out) in late):
+        if late and len(out) in late:
+            late[len(out)](gen)
+        out.append(gen.step())
+    return out
+
+
+def spans(buf, phase):
+    return [e for e in (json.loads(line) for line in buf.getvalue().splitlines()) if e["phase"] == phase]
+
+
+def alone_with_logprobs(model, prompt, n, sampler=None, processors=(), top=0):
+    return list(generate_step(mx.array(prompt, mx.int32), model, max_tokens=n, sampler=sampler,
+                              logits_processors=processors, top_logprobs=top))
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_arrivals_at_one_boundary_are_prefilled_together(kind):
+    """Five prompts (5 to 14 tokens) arrive at once, with a seeded sampler, a repetition penalty with top
+    logprobs, a presence penalty: those of 5, 9 and 8 tokens are prefilled as one group in chunks of 6 and 3
+    columns (3 rows share the 20 tokens a chunk), the 14 and the 3 (too much padding beside the others)
+    after them; each row's tokens, logprobs and alternatives are those it gets alone."""
+    from metalgen.sampling import make_presence_frequency_penalty
+
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (5, 9, 14, 3, 8)]
+    settings = [dict(), dict(sampler=lambda: make_sampler(1.0, seed=3)),
+                dict(processors=lambda: make_logits_processors(1.3, 8), top=3), dict(),
+                dict(processors=lambda: make_presence_frequency_penalty(0.5, 0.8, prompt_tokens=8))]
+
+    def args(s):
+        return (s["sampler"]() if "sampler" in s else None, s["processors"]() if "processors" in s else [])
+
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=20, tracer=Tracer(buf))
+    uids = [gen.insert(p, 6, *args(s), top_logprobs=s.get("top", 0)) for p, s in zip(prompts, settings)]
+    got = {u: [] for u in uids}
+    per_step = steps(gen)
+    for resps in per_step:
+        for r in resps:
+            got[r.uid].append(r)
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(3, 18), (3, 9), (1, 14), (1, 3)]
+    assert per_step[0] == [] and sorted(r.uid for r in per_step[1]) == [uids[0], uids[1], uids[4]]
+    for uid, p, s in zip(uids, prompts, settings):
+        want = alone_with_logprobs(model, p, 6, *args(s), top=s.get("top", 0))
+        assert [r.token for r in got[uid]] == [w[0] for w in want], (kind, uid)
+        assert [r.logprob for r in got[uid]] == pytest.approx([w[1] for w in want], rel=1e-4, abs=1e-5)
+        if s.get("top"):
+            assert [[i for i, _ in r.top_logprobs] for r in got[uid]] == [[i for i, _ in w[2]] for w in want]
+        else:
+            assert all(r.top_logprobs is None for r in got[uid])
+    assert len(set(r.token for r in got[uids[1]])) > 2  # the sampled row really samples
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_a_step_while_the_batch_decodes():
+    """Two short rows decode; a 70-token prompt arriving before step 2 is fed 16 tokens a step, ahead of each
+    step's decode, so the rows go on getting a token every step and it joins at step 6; one readback a
+    step throughout, and every row's tokens are those it gets alone."""
+    model = tiny_model(BATCH_CONFIGS["qwen3"])
+    rng = np.random.default_rng(5)
+    short = [rng.integers(0, 512, n).tolist() for n in (4, 6)]
+    long = rng.integers(0, 512, 70).tolist()
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=16, tracer=Tracer(buf))
+    uids = [gen.insert(p, 12) for p in short]
+    per_step = steps(gen, {2: lambda g: uids.append(g.insert(long, 5))})
+    assert [len(r) for r in per_step[:7]] == [2, 2, 2, 2, 2, 2, 3]
+    assert [r.uid for r in per_step[6]][-1] == uids[2]
+    assert [e["tokens"] for e in spans(buf, "prefill")] == [12, 16, 16, 16, 16, 6]
+    events = [json.loads(line) for line in buf.getvalue().splitlines()]
+    # each chunk is enqueued before its step's decode, and each step reads back once
+    order = [e["phase"] for e in events if e["phase"] in ("prefill", "decode_step", "readback")]
+    chunk, plain = ["prefill", "decode_step", "readback"], ["decode_step", "readback"]
+    assert order[:22] == chunk + plain + chunk * 5 + plain
+    assert [e["phase"] for e in events if e.get("sync")] == ["readback"] * sum(1 for r in per_step if r)
+    tokens = {}
+    for resps in per_step:
+        for r in resps:
+            tokens.setdefault(r.uid, []).append(r.token)
+    assert tokens[uids[0]] == alone(model, short[0], 12) and tokens[uids[1]] == alone(model, short[1], 12)
+    assert tokens[uids[2]] == alone(model, long, 5)
+
+
+@pytest.mark.parametrize("other, after, rest", [(26, 2, [8, 8, 6]), (24, 1, [8, 8, 8])])
+def test_a_row_cancelled_while_prefilling_leaves_its_group(other, after, rest):
+    """A row decodes while a group of two (30 tokens, and `other`) is prefilled 4 columns a step; the longer
+    one is cancelled after `after` chunks. The other goes on alone, 8 columns a step, without the columns
+    that were padding of it only: of 8 fed, the 4 written ones go (22 left); of 4 fed, all padding of it, it
+    starts again from its own 24 tokens. Every remaining row gets its tokens alone; the cancelled one
+    reports none. Cancelling the whole group ends its prefill."""
+    model = tiny_model(BATCH_CONFIGS["qwen2"])
+    rng = np.random.default_rng(9)
+    first, gone, kept = (rng.integers(0, 512, n).tolist() for n in (3, 30, other))
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=8, tracer=Tracer(buf))
+    a = gen.insert(first, 16)
+    state = {}
+
+    def join(g):
+        state["gone"], state["kept"] = g.insert(gone, 4), g.insert(kept, 4)
+
+    per_step = steps(gen, {1: join, 1 + after: lambda g: g.remove(state["gone"])})
+    tokens = {}
+    for resps in per_step:
+        for r in resps:
+            tokens.setdefault(r.uid, []).append(r.token)
+    assert state["gone"] not in tokens
+    assert tokens[a] == alone(model, first, 16) and tokens[state["kept"]] == alone(model, kept, 4)
+    fed_alone = [e["tokens"] for e in spans(buf, "prefill") if e["rows"] == 1][1:]  # after the first row's
+    assert [e["tokens"] for e in spans(buf, "prefill") if e["rows"] == 2] == [8] * after
+    assert fed_alone == rest
+
+    gen = BatchGenerator(model, prefill_step_size=8)
+    b, c = gen.insert(gone, 4), gen.insert(kept, 4)
+    assert gen.step() == [] and gen.joining == 2
+    gen.remove(b)
+    gen.remove(c)
+    assert not gen.busy and gen.step() == [] and gen.prefilling is None
+
+
+def test_groups_are_capped_and_keep_padding_small():
+    """Waiting prompts of 3, 5, 40, 12 and 36 tokens (chunks of 16 tokens): 3 and 5 share one chunk; 40 goes
+    with 36 (a tenth of padding), not with 12 (more than a quarter); 12 goes last. `prefill_batch` 1 makes each
+    prompt a group of its own; `max_batch` 2 lets a group take only the room the batch has (with chunks of
+    512 tokens, 40 and 12 fit one chunk together). Every row gets its tokens alone."""
+    model = tiny_model(BATCH_CONFIGS["qwen3_moe"])
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (3, 5, 40, 12, 36)]
+    for kw, groups in [(dict(prefill_step_size=16), [(2, 10)] + [(2, 16)] * 5 + [(1, 12)]),
+                       (dict(prefill_step_size=16, prefill_batch=1),
+                        [(1, 3), (1, 5), (1, 16), (1, 16), (1, 8), (1, 12), (1, 16), (1, 16), (1, 4)]),
+                       (dict(prefill_step_size=512, max_batch=2), [(2, 10), (2, 80), (1, 36)])]:
+        buf = io.StringIO()
+        gen = BatchGenerator(model, tracer=Tracer(buf), **kw)
+        uids = [gen.insert(p, 3) for p in prompts]
+        tokens, reasons = run(gen)
+        assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == groups, kw
+        for uid, p in zip(uids, prompts):
+            assert tokens[uid] == alone(model, p, 3) and reasons[uid] == "length"

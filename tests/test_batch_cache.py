@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalgen.batch_cache import BatchKVCache, filter_caches, merge_caches
+from metalgen.batch_cache import BatchKVCache, extend_caches, filter_caches, merge_caches
 from metalgen.cache import KVCache, make_prompt_cache
 from metalgen.errors import MetalgenError
 
@@ -119,3 +119,72 @@ def test_batched_decode_logits_equal_each_sequence_alone(kind):
             fed[r] += 1
             compared += 1
     assert compared == 14 and all(c.offset == 7 + 6 for c in batch)
+
+
+def test_an_empty_cache_takes_left_padded_rows_and_their_padding_queries_see_only_themselves():
+    batch = BatchKVCache.empty([2, 0, 3])
+    assert (batch.keys, batch.offset, batch.nbytes) == (None, 0, 0)
+    assert batch.positions.tolist() == [-2, 0, -3]  # each row's first real token turns at position 0
+    mask = np.array(batch.make_mask(4))
+    assert mask.shape == (3, 1, 4, 4)
+    # row 0: two padding queries, each on its own key, then causal over the real columns 2, 3
+    assert mask[0, 0].astype(int).tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    assert mask[1, 0].astype(int).tolist() == np.tril(np.ones((4, 4), int)).tolist()
+    assert mask[2, 0, 3].astype(int).tolist() == [0, 0, 0, 1]
+
+    k = mx.arange(3 * 2 * 4 * 4, dtype=mx.float32).reshape(3, 2, 4, 4)
+    batch.update(k, -k)  # the first chunk makes the buffers: its rows, heads, head_dim and dtype
+    assert batch.offset == 4 and batch.keys.shape[:2] == (3, 2) and batch.keys.shape[2] > 4
+    assert np.array_equal(np.array(batch.keys[:, :, :4]), np.array(k))
+    one = np.array(batch.make_mask(1))  # a one-column chunk: row 2 is still padding there
+    assert one.shape == (3, 1, 1, 5)
+    assert one[:, 0, 0].astype(int).tolist() == [[0, 0, 1, 1, 1], [1] * 5, [0, 0, 0, 1, 1]]
+    with pytest.raises(MetalgenError, match="3 rows was given 2 rows"):
+        BatchKVCache.empty([0, 0, 0]).update(k[:2], k[:2])
+
+    # rows 0 and 2 kept mid-prefill: 2 columns are padding of both, and written, so they go
+    assert batch.filter([0, 2]) == 2
+    assert (batch.offset, batch.padding) == (2, [0, 1])
+    assert np.array_equal(np.array(batch.keys[1, :, :2]), np.array(k[2, :, 2:]))
+    # a cache that has written fewer columns than the rows' shared padding drops only those
+    early = BatchKVCache.empty([5, 3])
+    early.update(k[:2, :, :1], k[:2, :, :1])
+    assert early.filter([0, 1]) == 1 and (early.offset, early.padding) == (0, [4, 2])
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_prompts_prefilled_together_equal_each_alone(kind):
+    """Prompts of 7, 12 and 3 tokens left-padded to 12 in one empty batched cache, fed in chunks of 5, 5 and 2
+    columns (the first chunk is all padding for the 3-token row): each row's last logits, and those of two
+    decode steps after the rows join a batch holding a longer prompt, agree with each prompt alone."""
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (7, 12, 3)]
+    first = rng.integers(0, 512, 14).tolist()  # the running batch's prompt, longer than all three
+    feeds = rng.integers(0, 512, (4, 2)).tolist()
+    alone = []
+    for p, feed in zip(prompts + [first], feeds):
+        c = make_prompt_cache(model, decode="plain")
+        out = [np.array(model(mx.array([p]), cache=c)[0, -1])]
+        alone.append(out + [np.array(model(mx.array([[t]]), cache=c)[0, -1]) for t in feed])
+
+    T = max(map(len, prompts))
+    padding = [T - len(p) for p in prompts]
+    ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])  # (3, 12), left-padded
+    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    for a, b in ((0, 5), (5, 10), (10, 12)):
+        logits = np.array(model(ids[:, a:b], cache=group)[:, -1])
+    assert not np.isnan(logits).any()
+    for i in range(3):
+        assert close(logits[i], alone[i][0]), (kind, i)
+
+    running = make_prompt_cache(model, decode="plain")
+    mx.eval(model(mx.array([first]), cache=running))
+    batch = merge_caches(None, running)
+    batch = extend_caches(batch, group)  # the group is the shorter side: 2 more columns of padding
+    assert batch[0].padding == [0, 7, 2, 11] and batch[0].offset == 14
+    for s in range(2):
+        inputs = mx.array([[feeds[3][s]]] + [[feeds[i][s]] for i in range(3)])  # (4, 1): the batch's order
+        logits = np.array(model(inputs, cache=batch)[:, -1])
+        for row, r in enumerate([3, 0, 1, 2]):
+            assert close(logits[row], alone[r][s + 1]), (kind, s, r)
