@@ -384,7 +384,8 @@ def sample_groups(B: int, V: int) -> int:
 
 def make_sample_scratch(B: int, V: int):
     """The device memory a B x V sampler launch writes in place: (work (B, V) float32, scr (B, words)
-    uint32), zeroed and evaluated. A sampler keeps one per shape: its sync words carry over launches."""
+    uint32), zeroed and evaluated. A sampler keeps one per shape: its sync words carry over launches. One
+    made for more rows serves launches of fewer (they use its first rows)."""
     work = mx.zeros((B, V), mx.float32)
     scr = mx.zeros((B, SAMPLE_SCRATCH_WORDS), mx.uint32)
     mx.eval(work, scr)
@@ -415,8 +416,8 @@ def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, sc
     B, V = logits.shape
     if logits.dtype not in _GPU_DTYPES:
         return fb()
-    if scratch is None or scratch[0].shape != (B, V):
-        scratch = make_sample_scratch(B, V)
+    if scratch is None or scratch[0].shape[0] < B or scratch[0].shape[1] != V:
+        scratch = make_sample_scratch(B, V)  # (a larger one serves too: a launch uses its first B rows)
     nb = sample_groups(B, V)
     ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row))
     state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)

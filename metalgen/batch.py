@@ -120,10 +120,10 @@ class BatchGenerator:
         self._uids = itertools.count()
         self._greedy = make_sampler()
         # the rows sampled in one launch (_sample_fused): their device states [seed, counter, stream] (B, 3),
-        # for the rows `_state_uids` in that order; the kernel's scratch by shape
+        # for the rows `_state_uids` in that order; the kernel's scratch (max_batch rows) by vocabulary size
         self._states: Optional[mx.array] = None
         self._state_uids: Tuple[int, ...] = ()
-        self._scratch: Dict[Tuple[int, int], object] = {}
+        self._scratch: Dict[int, object] = {}
         self.waiting: Deque[_Row] = collections.deque()  # inserted, prefill not begun
         self.prefilling: Optional[_Prefill] = None  # the group being prefilled, a chunk a step
         self.rows: List[_Row] = []  # the batch, in the caches' row order
@@ -212,6 +212,7 @@ class BatchGenerator:
         self.cache = filter_caches(self.cache, keep)
         if not keep:
             self.tokens = self.logprobs = None
+            self._states, self._state_uids = None, ()  # nothing to carry over: let the memory go
             return
         idx = mx.array(keep, mx.int32)
         self.tokens, self.logprobs = self.tokens[idx], self.logprobs[idx]
@@ -390,11 +391,11 @@ class BatchGenerator:
                 else:
                     windows.append(mx.full((C,), -1, mx.int32))
         recent = mx.stack(windows) if C else None  # (G, C): each row's last ids, -1 before its history
-        key = (len(rows), logits.shape[-1])
-        if key not in self._scratch:
-            self._scratch[key] = K.make_sample_scratch(*key)
+        V = logits.shape[-1]
+        if V not in self._scratch:  # one for every row count: a launch uses its first rows
+            self._scratch[V] = K.make_sample_scratch(self.max_batch, V)
         tokens, logprobs, self._states = K.sample_rows(logits, settings, self._row_states(rows), recent,
-                                                       self._scratch[key])
+                                                       self._scratch[V])
         self._state_uids = tuple(r.uid for r in rows)
         return tokens, logprobs
 

@@ -136,6 +136,8 @@ def _body(**kw):
 
 @pytest.mark.parametrize("body,status,param,says", [
     (b"{not json", 400, None, "not valid JSON"),
+    (b"[" * 100_000, 400, None, "not valid JSON"),  # past the parser's stack
+    (_body()[:-1].encode() + b', "seed": 1' + b"0" * 5000 + b"}", 400, None, "not valid JSON"),  # > 4300 digits
     (_body(model="other"), 404, "model", "does not exist"),
     (_body(input=""), 400, "input", "empty"),
     (_body(input="   "), 400, "input", "empty"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..decode.modes import DECODE_MODES
@@ -18,7 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the name clients ask for; default: --model")
     p.add_argument("--revision", default=None, help="hub branch, tag or commit")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--host", default="127.0.0.1")
+    # loopback unless told otherwise: a server reachable from elsewhere is a choice, made with --host 0.0.0.0
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; default: %(default)s (this machine only)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--max-tokens", type=int, default=512, help="for requests that give none; default: %(default)s")
     p.add_argument("--max-batch", type=int, default=1,
@@ -31,6 +33,9 @@ def add_parser(sub) -> None:
                    help="a speech Base model: a voice requests may name, cloned from a reference clip (repeatable)")
     p.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
                    help="the transcript of --voice NAME's clip, for in-context cloning (optional)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health; default: the "
+                        "environment variable METALGEN_API_KEY, else no key")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -53,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError(f"--max-batch must be >= 1, got {args.max_batch}")
     if not 0 <= args.port < 65536:
         raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
+    # read once, here: the app holds the key, and nothing later looks at the environment
+    api_key = args.api_key if args.api_key is not None else os.environ.get("METALGEN_API_KEY") or None
+    if api_key is not None and not api_key.strip():
+        raise MetalgenError("--api-key is empty")
     if args.verbose:
         kernels_metal.set_verbose(True)
     name = args.served_model_name or args.model
@@ -69,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
             raise MetalgenError("--voice is for a speech (Qwen3-TTS Base) model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch)
-    print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
+          + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:
-        uvicorn.run(make_app(engine, args.max_tokens), host=args.host, port=args.port,
+        uvicorn.run(make_app(engine, args.max_tokens, api_key=api_key), host=args.host, port=args.port,
                     log_level="info" if args.verbose else "warning")
     except OSError as e:  # e.g. the port is taken
         raise MetalgenError(f"cannot serve on {args.host}:{args.port}: {e}")

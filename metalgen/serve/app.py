@@ -5,15 +5,22 @@ server-sent events, disconnect detection that cancels a stream, and no framework
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import os
 import time
+from typing import List, Optional
 
+import mlx.core as mx
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .auth import ApiKeyMiddleware
 from .choices import Choice, answer, events
 from .engine import Engine
 from .logprobs import TokenStrings
@@ -25,8 +32,38 @@ def _error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
-    """The application serving `engine`'s model under its name."""
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's own answers (an unknown route, a wrong method) as OpenAI error objects, not plain text
+    return JSONResponse(RequestError(str(exc.detail), exc.status_code).body(), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    # a fault the handlers did not catch: an error object naming its type, never a traceback (the log has it)
+    return _error(RequestError(f"internal error: {type(exc).__name__}", 500, "server_error"))
+
+
+async def _cancel_on_disconnect(request: Request, choices: List[Choice]) -> None:
+    """Until a non-streamed answer is ready: a client that goes away cancels its jobs (the body has been
+    read, so the next message is the disconnect). A streamed answer's response watches for it itself."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    for c in choices:
+        c.job.cancelled.set()
+
+
+def _rss_bytes() -> Optional[int]:
+    """The server process's resident memory now (Linux); None elsewhere (resource gives only the peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[str] = None) -> Starlette:
+    """The application serving `engine`'s model under its name; with `api_key`, every route but /health
+    needs `Authorization: Bearer <api_key>` (auth.ApiKeyMiddleware)."""
     created = int(time.time())
 
     async def health(request: Request):
@@ -36,14 +73,27 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
         return JSONResponse({"object": "list", "data": [
             {"id": engine.name, "object": "model", "created": created, "owned_by": "metalgen"}]})
 
+    async def debug(request: Request):
+        # the engine's load and the process's memory: what a stress run checks returns to idle
+        state = engine.state() if hasattr(engine, "state") else {}
+        return JSONResponse({"engine": state, "memory": {
+            "active": mx.get_active_memory(), "cache": mx.get_cache_memory(), "peak": mx.get_peak_memory(),
+            "rss": _rss_bytes()}})
+
     async def generate(request: Request, kind: str):
         if getattr(engine, "task", "text") != "text":  # a speech model serves /v1/audio/speech only
             return _error(not_served(engine, request.url.path))
         try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone before its body arrived: nothing to run, nobody to answer
+            return Response(status_code=400)
+        try:
             try:
-                body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RequestError(f"the request body is not valid JSON ({e})")
+                body = json.loads(raw)
+            except ValueError as e:  # bad JSON or UTF-8, or an integer past Python's 4300 digits
+                raise RequestError(f"the request body is not valid JSON ({str(e).splitlines()[0]})")
+            except RecursionError:  # nesting deeper than the parser's stack
+                raise RequestError("the request body is not valid JSON (nested too deeply)")
             req = parse_request(body, kind, default_max_tokens)
             if req.model != engine.name:
                 raise RequestError(f"the model '{req.model}' does not exist here (this server has "
@@ -58,7 +108,11 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
             return StreamingResponse(events(req, rid, choices), media_type="text/event-stream")
-        result = await answer(req, rid, choices)
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
+        try:
+            result = await answer(req, rid, choices)
+        finally:
+            watch.cancel()
         return _error(result) if isinstance(result, RequestError) else JSONResponse(result)
 
     async def chat(request: Request):
@@ -68,8 +122,9 @@ def make_app(engine: Engine, default_max_tokens: int = 512) -> Starlette:
         return await generate(request, "text")
 
     return Starlette(routes=[
-        Route("/health", health), Route("/v1/models", models),
+        Route("/health", health), Route("/v1/models", models), Route("/debug/engine", debug),
         Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/audio/speech", speech_route(engine), methods=["POST"]),
-    ])
+    ], middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)] if api_key else [],
+        exception_handlers={HTTPException: _http_error, Exception: _server_error})
 

@@ -37,7 +37,10 @@ class Job:
         self.cancelled = threading.Event()  # the client went away: stop at the next token
 
     def put(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the server's loop has closed (shutdown): nobody is left to read it
+            pass
 
 
 class _Running:
@@ -73,6 +76,12 @@ class Engine:
         self.stream = mx.new_thread_local_stream(mx.default_device())
         self.reused = None
         self.jobs: "queue.Queue[Job]" = queue.Queue()
+        # jobs submitted and not yet ended (a done or error event put), for `state`: what a request stuck in
+        # the engine would show as; the handlers' loop adds, the worker removes, hence the lock
+        self._live: set = set()
+        self._live_lock = threading.Lock()
+        self._gen: Optional[BatchGenerator] = None  # the running batch (batched mode)
+        self._current: Optional[Job] = None  # the job generating now (one at a time)
         self.worker = threading.Thread(target=self._work, name="metalgen-engine", daemon=True)
         self.worker.start()
 
@@ -96,13 +105,40 @@ class Engine:
             ids = self.tokenizer.encode(req.prompt)
         if len(ids) >= self.context:
             raise RequestError(f"the prompt has {len(ids)} tokens, past the model's context of {self.context}",
-                               param="messages" if req.kind == "chat" else "prompt")
+                               param="messages" if req.kind == "chat" else "prompt", code="context_length_exceeded")
+        # a limit the client set must fit (OpenAI's rule); the server's default is clamped to the context instead
+        if req.limit_param is not None and len(ids) + req.max_tokens > self.context:
+            raise RequestError(f"'{req.limit_param}' {req.max_tokens} and the prompt's {len(ids)} tokens exceed the "
+                               f"model's context of {self.context} (ask for at most {self.context - len(ids)})",
+                               param=req.limit_param, code="context_length_exceeded")
         return ids, opened
 
     def submit(self, req: GenerationRequest, ids: List[int], in_reasoning: bool = False) -> Job:
         job = Job(req, ids, asyncio.get_running_loop(), in_reasoning)
+        with self._live_lock:
+            self._live.add(job)
         self.jobs.put(job)
         return job
+
+    def state(self) -> Dict[str, int]:
+        """The engine's load now (for /debug/engine and the fault tests): "jobs" submitted and not yet ended,
+        "queued" for the worker, "rows" in the batch (ended ones until the next step) or the one job of one at a
+        time, and "waiting" to join the batch (being prefilled included). All zero: idle. Read from another
+        thread, so a snapshot, not a lock."""
+        gen = self._gen
+        rows = len(gen.rows) if gen is not None else int(self._current is not None)
+        waiting = 0
+        if gen is not None:
+            group = getattr(gen, "prefilling", None)  # (read once: the worker may clear it meanwhile)
+            waiting = len(gen.waiting) + (len(group.rows) if group is not None else 0)
+        return {"jobs": len(self._live), "queued": self.jobs.qsize(), "rows": rows, "waiting": waiting,
+                "max_batch": self.max_batch, "peak_batch": self.peak_batch}
+
+    def _end(self, job: Job, *event) -> None:
+        """A job's last event ("done", finish, usage) or ("error", RequestError): it leaves the live set."""
+        with self._live_lock:
+            self._live.discard(job)
+        job.put(*event)
 
     def _work(self) -> None:
         with mx.stream(self.stream):
@@ -115,39 +151,46 @@ class Engine:
     # -- batched: jobs join and leave a running batch --------------------------------------------------
 
     def _work_batched(self) -> None:
-        gen = self._new_batch()
         running: Dict[int, _Running] = {}
+        self._gen = self._new_batch()
         while True:
-            for job in self._arrivals(block=not gen.busy):
-                self._join(gen, job, running)
-            for uid, r in list(running.items()):
-                if r.job.cancelled.is_set():  # the client went away: out of the batch before the next token
-                    gen.remove(uid)
-                    self._finish(running.pop(uid), "cancelled")
-            if not gen.busy:
-                continue
             try:
-                responses = gen.step()
-                self.peak_batch = max(self.peak_batch, len(responses))
-            except Exception as e:  # noqa: BLE001 - the server survives a failed step, and says why
+                self._round(self._gen, running)
+            except Exception as e:  # noqa: BLE001 - the worker outlives any fault: its batch fails, and says why
                 error = e if isinstance(e, RequestError) else RequestError(
                     f"generation failed: {type(e).__name__}: {e}", 500, "server_error")
                 for r in running.values():
-                    r.job.put("error", error)
+                    self._end(r.job, "error", error)
                 running.clear()
-                gen = self._new_batch()
-                continue
-            for resp in responses:
-                r = running[resp.uid]
-                r.generated += 1
-                self._put_token(r.job, resp.token, resp.logprob, resp.top_logprobs)
-                text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
-                if text:
-                    r.job.put("text", text)
-                if finish is not None:
-                    if resp.finish_reason is None:
-                        gen.remove(resp.uid)  # a stop string ended it
-                    self._finish(running.pop(resp.uid), finish)
+                self._gen = self._new_batch()
+
+    def _round(self, gen: BatchGenerator, running: Dict[int, "_Running"]) -> None:
+        """Arrivals join, cancelled jobs leave, then one step of the batch (if anything is left to run)."""
+        if not gen.busy and (gen.rows or getattr(gen, "prefilling", None) is not None):
+            # rows that ended (or a prefill group all cancelled) leave now, caches and all, rather than when
+            # the next request comes
+            gen.step()
+        for job in self._arrivals(block=not gen.busy):
+            self._join(gen, job, running)
+        for uid, r in list(running.items()):
+            if r.job.cancelled.is_set():  # the client went away: out of the batch before the next token
+                gen.remove(uid)
+                self._finish(running.pop(uid), "cancelled")
+        if not gen.busy:
+            return
+        responses = gen.step()
+        self.peak_batch = max(self.peak_batch, len(responses))
+        for resp in responses:
+            r = running[resp.uid]
+            r.generated += 1
+            self._put_token(r.job, resp.token, resp.logprob, resp.top_logprobs)
+            text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
+            if text:
+                r.job.put("text", text)
+            if finish is not None:
+                if resp.finish_reason is None:
+                    gen.remove(resp.uid)  # a stop string ended it
+                self._finish(running.pop(resp.uid), finish)
 
     def _processors(self, req: GenerationRequest, prompt_tokens: int) -> list:
         """The request's logits processors; `prompt_tokens`: how many ids of their history precede the reply."""
@@ -172,7 +215,8 @@ class Engine:
                 return jobs
 
     def _join(self, gen: BatchGenerator, job: Job, running: Dict[int, "_Running"]) -> None:
-        if job.cancelled.is_set():
+        if job.cancelled.is_set():  # its client went away while it was queued
+            self._end(job, "done", "cancelled", usage(len(job.ids), 0, 0))
             return
         req = job.req
         try:
@@ -180,26 +224,32 @@ class Engine:
             uid = gen.insert(job.ids, req.max_tokens, sampler, self._processors(req, len(job.ids)),
                              self.tokenizer.eos_token_ids, req.top_logprobs if req.logprobs else 0)
         except MetalgenError as e:
-            job.put("error", e if isinstance(e, RequestError) else RequestError(str(e)))
+            self._end(job, "error", e if isinstance(e, RequestError) else RequestError(str(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - one request's failure must not lose the others of its round
+            self._end(job, "error", RequestError(f"generation failed: {type(e).__name__}: {e}", 500, "server_error"))
             return
         running[uid] = _Running(job, self.tokenizer)
 
-    @staticmethod
-    def _finish(r: "_Running", finish: Optional[str]) -> None:
+    def _finish(self, r: "_Running", finish: Optional[str]) -> None:
         # a batch holds no prefix cache across requests yet: nothing of the prompt was cached
-        r.job.put("done", finish, usage(len(r.job.ids), r.generated, 0))
+        self._end(r.job, "done", finish, usage(len(r.job.ids), r.generated, 0))
 
     # -- one at a time, on a reused prompt cache ---------------------------------------------------------
 
     def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():
+        if job.cancelled.is_set():  # its client went away while it was queued
+            self._end(job, "done", "cancelled", usage(len(job.ids), 0, 0))
             return
+        self._current = job
         try:
             self._generate(job)
         except MetalgenError as e:
-            job.put("error", e if isinstance(e, RequestError) else RequestError(str(e)))
+            self._end(job, "error", e if isinstance(e, RequestError) else RequestError(str(e)))
         except Exception as e:  # noqa: BLE001 - the server survives a failed request, and says why
-            job.put("error", RequestError(f"generation failed: {type(e).__name__}: {e}", 500, "server_error"))
+            self._end(job, "error", RequestError(f"generation failed: {type(e).__name__}: {e}", 500, "server_error"))
+        finally:
+            self._current = None
 
     def _generate(self, job: Job) -> None:
         req = job.req
@@ -224,4 +274,4 @@ class Engine:
                     break
         finally:
             self.reused.commit(new, out)
-        job.put("done", finish, usage(len(job.ids), len(out), cached))
+        self._end(job, "done", finish, usage(len(job.ids), len(out), cached))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -12,15 +13,16 @@ from .tools import forced_prefix
 
 
 class RequestError(MetalgenError):
-    """A request the server refuses: HTTP `status`, OpenAI error `kind`, and the offending `param`."""
+    """A request the server refuses: HTTP `status`, OpenAI error `kind`, the offending `param`, and
+    OpenAI's machine-readable `code` where it has one (e.g. "invalid_api_key")."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 param: Optional[str] = None):
+                 param: Optional[str] = None, code: Optional[str] = None):
         super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
+        self.status, self.kind, self.param, self.code = status, kind, param, code
 
     def body(self) -> Dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclasses.dataclass
@@ -49,6 +51,9 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     tools: Optional[List[dict]] = None  # rendered into the prompt and parsed out of the reply; None: neither
     tool_prefix: str = ""  # the start of a call the reply must make ("required" or a named tool_choice)
+    # the field the client set max_tokens with (None: the server's default, which the context may clamp; a
+    # limit the client set must fit in the context with the prompt, as OpenAI's does, or it is a 400)
+    limit_param: Optional[str] = None
 
 
 def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
@@ -57,6 +62,8 @@ def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a number'}", param=name)
+    if isinstance(value, float) and not math.isfinite(value):  # Python's json reads NaN and Infinity
+        raise RequestError(f"'{name}' must be a finite number, got {value}", param=name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
         raise RequestError(f"'{name}' must be {bound}, got {value}", param=name)
@@ -114,7 +121,9 @@ def _message(m: Any) -> dict:
     if isinstance(content, list):  # content parts: the text ones, joined
         if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
             raise RequestError("only text content parts are supported", param="messages")
-        content = "".join(str(p.get("text", "")) for p in content)
+        if any(not isinstance(p.get("text"), str) for p in content):
+            raise RequestError("a text content part's 'text' must be a string", param="messages")
+        content = "".join(p["text"] for p in content)
     elif content is None and calls:
         content = ""  # an assistant turn that only called tools (the template concatenates content)
     elif not isinstance(content, str):
@@ -201,7 +210,7 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         n=_number(body, "n", 1, int, 1, MAX_N), logprobs=bool(logprobs), top_logprobs=top_logprobs,
         presence_penalty=_number(body, "presence_penalty", 0.0, float, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, float, -2.0, 2.0),
-        tools=tools, tool_prefix=tool_prefix,
+        tools=tools, tool_prefix=tool_prefix, limit_param=limit if body.get(limit) is not None else None,
     )
 
 

@@ -341,8 +341,10 @@ def speech_route(engine):
         try:
             try:
                 body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RequestError(f"the request body is not valid JSON ({e})")
+            except ValueError as e:  # bad JSON or UTF-8, or an integer past Python's 4300 digits
+                raise RequestError(f"the request body is not valid JSON ({str(e).splitlines()[0]})")
+            except RecursionError:  # nesting deeper than the parser's stack
+                raise RequestError("the request body is not valid JSON (nested too deeply)")
             req = parse_speech_request(body, engine)
         except RequestError as e:
             return _error(e)
