@@ -13,8 +13,9 @@ each concurrency level that many clients stream `/v1/completions` (temperature 0
 about --prompt-tokens tokens, --gen-tokens tokens each) until each has sent two requests. Reported per
 level: aggregate completion tokens/s (all tokens over the level's wall time), the time to first token
 p50 / p99, and each stream's decode rate. With --chat-tokens, a two-turn chat (a prompt of that many
-tokens, then the same conversation plus the reply and a new question) measures each turn's time to
-first token: the second turn's prefix is what a prefix cache reuses.
+tokens, then the same conversation plus the reply and a new question, after a warm-up conversation of
+the same length) measures each turn's time to first token: the second turn's prefix is what a prefix
+cache reuses.
 
 Writes DIR/serve_load.jsonl (one object a level and engine), DIR/serve_load.md (the tables) and
 DIR/serve_load.svg (aggregate tokens/s against concurrency). The client is the standard library only.
@@ -150,11 +151,15 @@ async def level(port: int, name: str, concurrency: int, prompt_tokens: int, gen_
 
 async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     rng = random.Random(seed)
-    first = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
     # one token a turn, its whole latency the time to first token: a random model's first pieces may be
     # whitespace that a server holds back (a thinking block could still open), which would blur a TTFT
-    body = {"model": name, "messages": first, "max_tokens": 1, "temperature": 0.0}
-    t1 = (await request(port, "/v1/chat/completions", body))["end"]
+    body = {"model": name, "max_tokens": 1, "temperature": 0.0}
+    # a first conversation of the same length warms the server (kernels for a prompt this long are built on
+    # first use); then the measured one: its first turn cold, its second turn after the first
+    warm = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
+    await request(port, "/v1/chat/completions", dict(body, messages=warm))
+    first = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
+    t1 = (await request(port, "/v1/chat/completions", dict(body, messages=first)))["end"]
     # the reply's text is not needed for timing: the second turn appends a fixed assistant message
     second = first + [{"role": "assistant", "content": "It lists places and things."},
                       {"role": "user", "content": "Name three of them."}]
