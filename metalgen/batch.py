@@ -5,8 +5,10 @@ all of them, sequences joining and leaving the running batch between steps.
 a sequence. Prompts that arrive are prefilled together, up to `prefill_batch` of them left-padded into one
 fresh batched cache (metalgen.batch_cache), one chunk of at most `prefill_step_size` tokens a step ahead of
 the running rows' decode, so that a long prompt does not stall the batch; when their prompts are complete
-their first tokens are sampled and they join the running batch. `batch_generate` is the offline API over
-it: prompts in, texts out.
+their first tokens are sampled and they join the running batch. Given a `PrefixCache`
+(metalgen.prefix_cache), a prompt starts from the KV of its longest prefix held there and only the rest is
+prefilled; prompts (once prefilled) and finished sequences go into it. `batch_generate` is the offline API
+over it: prompts in, texts out.
 
 Dense and MoE Qwen decoders take this path; the hybrid Gated DeltaNet stacks do not yet (their
 recurrent states would need batching too) and are refused with a MetalgenError.
@@ -27,6 +29,7 @@ from profiling import NullTracer
 from .batch_cache import BatchKVCache, extend_caches, filter_caches
 from .errors import MetalgenError
 from .generate import TokenText, process_and_sample, sample_with_top
+from .prefix_cache import PrefixCache
 from .sampling import DeviceSampler, LogitsProcessor, RepetitionPenalty, Sampler, make_sampler
 
 _NULL_TRACER = NullTracer()
@@ -44,6 +47,8 @@ class BatchResponse:
             max_tokens, or the model's context) when this is its last token.
         top_logprobs: for a sequence inserted with `top_logprobs=k`, the step's k most likely tokens as
             (id, logprob) pairs, most likely first; else None.
+        cached_tokens: how many of the sequence's prompt tokens were not prefilled, their KV copied from the
+            generator's prefix cache (0 without one).
     """
 
     uid: int
@@ -51,6 +56,7 @@ class BatchResponse:
     logprob: float
     finish_reason: Optional[str] = None
     top_logprobs: Optional[List[Tuple[int, float]]] = None
+    cached_tokens: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,6 +72,8 @@ class _Row:
     top: Optional[List[mx.array]] = None  # lazy [ids (1, k), logprobs (1, k)] of its pending token
     generated: int = 0  # tokens read back
     done: bool = False  # finished or removed: leaves the batch at the next step
+    ids: List[int] = dataclasses.field(default_factory=list)  # the prompt's ids, then each token read back
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclasses.dataclass(eq=False)
@@ -102,7 +110,7 @@ class BatchGenerator:
     """
 
     def __init__(self, model, *, max_batch: int = 8, prefill_step_size: int = 512, prefill_batch: int = 8,
-                 tracer=_NULL_TRACER):
+                 prefix_cache: Optional[PrefixCache] = None, tracer=_NULL_TRACER):
         check_batchable(model)
         if max_batch < 1:
             raise MetalgenError(f"max batch must be >= 1, got {max_batch}")
@@ -115,6 +123,9 @@ class BatchGenerator:
         self.prefill_step_size = prefill_step_size  # tokens (padding included) a prefill chunk feeds at most
         self.prefill_batch = prefill_batch  # prompts prefilled together at most
         self.tracer = tracer  # profiling spans: prefill chunks, decode steps, readbacks
+        # where prompts find the KV of their longest prefix already computed, and where every prompt (once
+        # prefilled) and finished sequence goes; None: every prompt is prefilled whole
+        self.prefix_cache = prefix_cache
         self.steps = 0
         self.context = model.spec.max_position_embeddings
         self._uids = itertools.count()
@@ -155,7 +166,8 @@ class BatchGenerator:
         if not 0 <= top_logprobs <= vocab:
             raise MetalgenError(f"top logprobs must be in 0..{vocab}, got {top_logprobs}")
         row = _Row(next(self._uids), mx.array(ids, mx.int32), min(max_tokens, self.context - len(ids)), sampler,
-                   list(logits_processors), frozenset(int(t) for t in stop_token_ids), int(top_logprobs))
+                   list(logits_processors), frozenset(int(t) for t in stop_token_ids), int(top_logprobs),
+                   ids=[int(t) for t in ids])
         self.waiting.append(row)
         return row.uid
 
@@ -198,16 +210,22 @@ class BatchGenerator:
         out = []
         for row, token, logprob, top in zip(self.rows, tokens, logprobs.tolist(), tops):
             row.generated += 1
+            row.ids.append(token)
             reason = "stop" if token in row.stop_ids else ("length" if row.generated >= row.budget else None)
             row.done = reason is not None
             alternatives = list(zip(top[0][0].tolist(), top[1][0].tolist())) if top else None
-            out.append(BatchResponse(row.uid, token, logprob, reason, alternatives))
+            out.append(BatchResponse(row.uid, token, logprob, reason, alternatives, row.cached))
         return out
 
     def _drop_done(self) -> None:
         keep = [i for i, r in enumerate(self.rows) if not r.done]
         if len(keep) == len(self.rows):
             return
+        if self.prefix_cache is not None:
+            for b, row in enumerate(self.rows):
+                if row.done:  # its prompt and the tokens it was fed, for a later request that goes on from them
+                    c = self.cache[0]
+                    self._store(self.cache, b, row.ids[: c.offset - c.padding[b]])
         self.rows = [self.rows[i] for i in keep]
         self.cache = filter_caches(self.cache, keep)
         if not keep:
@@ -242,6 +260,9 @@ class BatchGenerator:
             # rows are left-padded: the last column is every row's last prompt token
             logits = self.model.logits(h[:, -1, :])  # (G, hidden) -> (G, vocab)
         tokens, logprobs = self._first_tokens(logits, group.rows)
+        if self.prefix_cache is not None:  # their prompts now: arrivals sharing them need not wait for the end
+            for g, row in enumerate(group.rows):
+                self._store(group.cache, g, row.ids)
         self.prefilling = None
         self.cache = extend_caches(self.cache, group.cache)
         self.rows += group.rows
@@ -261,28 +282,69 @@ class BatchGenerator:
         within one chunk grouping is nearly free and the padding costs no extra step; past one chunk the
         pass is compute-bound, grouping gains little, and padding would add steps (each one delaying the
         running batch) and make a short prompt wait for a long one's prefill. A prompt left out keeps its
-        place in the queue and, the oldest always going, is not passed over for long."""
+        place in the queue and, the oldest always going, is not passed over for long. With a prefix cache,
+        the lengths weighed are what is left to prefill of each prompt past its longest cached prefix."""
         room = min(self.prefill_batch, self.max_batch - len(self.rows))
         if not self.waiting or room < 1:
             return None
+        held: Dict[int, int] = {}  # id(row) -> the leading ids of its prompt the prefix cache holds
+
+        def to_feed(row: _Row) -> int:
+            # at least the last prompt token is fed: its logits give the first token
+            n = len(row.ids)
+            held[id(row)] = min(self.prefix_cache.match(row.ids), n - 1) if self.prefix_cache is not None else 0
+            return n - held[id(row)]
+
         picked = [self.waiting[0]]
-        longest = real = int(self.waiting[0].prompt.size)
+        longest = real = to_feed(self.waiting[0])
         for row in itertools.islice(self.waiting, 1, None):
             if len(picked) == room:
                 break
-            n = int(row.prompt.size)
+            n = to_feed(row)
             padded = (len(picked) + 1) * max(longest, n)
             if padded <= self.prefill_step_size or 4 * (padded - real - n) <= padded:
                 picked.append(row)
                 longest, real = max(longest, n), real + n
         taken = set(map(id, picked))
         self.waiting = collections.deque(r for r in self.waiting if id(r) not in taken)
-        padding = [longest - int(r.prompt.size) for r in picked]
+        T = max(len(r.ids) for r in picked)
+        padding = [T - len(r.ids) for r in picked]
         # (G, T): each prompt after its padding (id 0: any id will do, the mask hides it)
         ids = mx.stack([mx.concatenate([mx.zeros((p,), mx.int32), r.prompt]) if p else r.prompt
                         for r, p in zip(picked, padding)])
-        cache = [BatchKVCache.empty(padding) for _ in self.model.layers]
-        return _Prefill(picked, ids, cache)
+        cache, fed = self._start_cache(picked, padding, [held[id(r)] for r in picked])
+        return _Prefill(picked, ids, cache, fed)
+
+    def _start_cache(self, rows: List[_Row], padding: List[int], held: List[int]) -> Tuple[List[BatchKVCache], int]:
+        """The per-layer caches a group starts from, and the columns of its ids they hold. Rows are
+        right-aligned (left-padded), so every row is fed the same columns: from `start`, the first column
+        that some row lacks (its padding plus its cached prefix), to the end, which is the longest
+        remainder of the group. Before `start`, each row's columns are its padding and then its first
+        cached tokens, copied from the prefix cache; a row that holds more than that recomputes the rest
+        with the others (the cost of one aligned matrix, and what the grouping weighs). Sets each row's
+        `cached`. Without a cached prefix in some row, `start` is 0 and the caches are empty."""
+        start = min(p + h for p, h in zip(padding, held))
+        parts_k, parts_v, like = [], [], None
+        for row, p in zip(rows, padding):
+            row.cached = max(0, start - p)  # its tokens in columns p .. start - 1
+            if row.cached:
+                k, v = self.prefix_cache.fetch(row.ids, row.cached)  # (layers, kv_heads, cached, head_dim)
+                pad = [(0, 0), (0, 0), (start - row.cached, 0), (0, 0)]
+                k, v = (mx.pad(k, pad), mx.pad(v, pad)) if start > row.cached else (k, v)
+                like = k, v
+            else:
+                k = v = None  # all padding: zeros, once a row has told the shapes
+            parts_k.append(k)
+            parts_v.append(v)
+        if start == 0:
+            return [BatchKVCache.empty(padding) for _ in self.model.layers], 0
+        # the longest prompt has no padding and start > 0 columns cached: `like` is set
+        parts_k = [mx.zeros_like(like[0]) if k is None else k for k in parts_k]
+        parts_v = [mx.zeros_like(like[1]) if v is None else v for v in parts_v]
+        # rows (layers, kv_heads, start, head_dim) -> (layers, G, kv_heads, start, head_dim): a layer's slice
+        # is that layer's batch of rows
+        keys, values = mx.stack(parts_k, axis=1), mx.stack(parts_v, axis=1)
+        return [BatchKVCache.prefilled(keys[i], values[i], padding) for i in range(keys.shape[0])], start
 
     def _drop_cancelled(self, group: _Prefill) -> Optional[_Prefill]:
         """The group without its removed rows (None if none is left), and without the left columns that are
@@ -301,6 +363,19 @@ class BatchGenerator:
         else:
             cache, fed = filter_caches(group.cache, keep), group.fed - shared  # drops the `shared` columns
         return _Prefill([group.rows[i] for i in keep], ids, cache, fed)
+
+    def _store(self, cache: List[BatchKVCache], b: int, ids: List[int]) -> None:
+        """Give the prefix cache row b of the per-layer caches `cache`, which holds the KV of `ids` from its
+        padding on (it copies only the positions it lacks)."""
+        first = cache[0].padding[b]
+
+        def slicer(begin: int, end: int) -> Tuple[mx.array, mx.array]:
+            cols = slice(first + begin, first + end)
+            # each layer's (kv_heads, n, head_dim) -> (layers, kv_heads, n, head_dim): one copy, the cache's own
+            return (mx.stack([c.keys[b, :, cols, :] for c in cache]),
+                    mx.stack([c.values[b, :, cols, :] for c in cache]))
+
+        self.prefix_cache.insert(ids, slicer)
 
     def _first_tokens(self, logits: mx.array, rows: List[_Row]) -> Tuple[mx.array, mx.array]:
         """Each row's first token from its prompt's last logits (G, V), as a generation alone samples it

@@ -53,6 +53,14 @@ class BatchKVCache:
         first real token turns at position 0."""
         return cls(None, None, 0, padding)
 
+    @classmethod
+    def prefilled(cls, keys: mx.array, values: mx.array, padding: Sequence[int]) -> "BatchKVCache":
+        """Rows about to be prefilled together whose first columns are known already (a prefix cache's KV):
+        keys, values (B, kv_heads, S, head_dim) are columns 0 .. S - 1, row b's first padding[b] of them
+        zeros; a padding past S goes on in the columns yet to come (as `empty`'s does)."""
+        S = keys.shape[2]
+        return cls(*_with_room(keys, values, S, cls.step), S, padding)
+
     def _set_padding(self, padding: Sequence[int]) -> None:
         self.padding: List[int] = [int(p) for p in padding]
         self.left_padding = mx.array(self.padding, mx.int32)  # (B,)

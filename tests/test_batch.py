@@ -335,3 +335,123 @@ def test_groups_are_capped_and_keep_padding_small():
         assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == groups, kw
         for uid, p in zip(uids, prompts):
             assert tokens[uid] == alone(model, p, 3) and reasons[uid] == "length"
+
+
+# -- the prefix cache (metalgen.prefix_cache) --------------------------------------------------------------
+
+def check_alone(model, got, prompt, n, seed=None, top=0):
+    """`got` (a row's BatchResponses) are the tokens, logprobs and alternatives of `prompt` generated alone."""
+    sampler = make_sampler(1.0, seed=seed) if seed is not None else None
+    want = alone_with_logprobs(model, prompt, n, sampler, top=top)
+    assert [r.token for r in got] == [w[0] for w in want]
+    assert [r.logprob for r in got] == pytest.approx([w[1] for w in want], rel=1e-4, abs=1e-5)
+    if top:
+        for r, w in zip(got, want):
+            assert [i for i, _ in r.top_logprobs] == [i for i, _ in w[2]]
+            assert [v for _, v in r.top_logprobs] == pytest.approx([v for _, v in w[2]], rel=1e-4, abs=1e-5)
+
+
+def collect(per_step):
+    got = {}
+    for resps in per_step:
+        for r in resps:
+            got.setdefault(r.uid, []).append(r)
+    return got
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_a_conversation_that_goes_on_prefills_only_its_new_tokens(kind):
+    """A sampled request of 17 tokens generates 8 (7 of them fed back); the next turn (its prompt, its reply
+    and 6 new tokens) is fed only the 6 new ones plus the reply's last token, and a prompt held whole is fed
+    only its last token: each gets the tokens, logprobs and alternatives it gets alone from scratch."""
+    from metalgen.prefix_cache import PrefixCache
+
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(4)
+    first = rng.integers(0, 512, 17).tolist()
+    buf = io.StringIO()
+    cache = PrefixCache(1 << 24)
+    gen = BatchGenerator(model, prefix_cache=cache, tracer=Tracer(buf))
+    a = gen.insert(first, 8, make_sampler(1.0, seed=1))
+    reply = [r.token for r in collect(steps(gen))[a]]
+    gen.step()  # the finished row leaves: into the prefix cache
+    assert cache.tokens == 17 + 7  # the last token was never fed
+    second = first + reply + rng.integers(0, 512, 6).tolist()
+    b = gen.insert(second, 6, make_sampler(1.0, seed=2), top_logprobs=4)
+    got = collect(steps(gen))[b]
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(1, 17), (1, 7)]
+    assert {r.cached_tokens for r in got} == {24}
+    check_alone(model, got, second, 6, seed=2, top=4)
+    assert len({r.token for r in got}) > 2  # the row really samples
+    whole = first + reply[:7]  # held whole: its last token is fed again for its logits
+    c = gen.insert(whole, 4)
+    got = collect(steps(gen))[c]
+    assert spans(buf, "prefill")[-1]["tokens"] == 1 and got[0].cached_tokens == 23
+    check_alone(model, got, whole, 4)
+
+
+def test_rows_of_a_group_start_from_different_cached_lengths():
+    """After a request with a 30-token system prompt, three arrive at once: the system prompt and 4 more
+    tokens (30 cached), 5 unrelated tokens (none), its first 12 and 6 more (12). Left-aligned to the longest,
+    they are fed together the last 6 columns, the longest remainder: the first row recomputes 2 of its
+    cached tokens beside the others. Then a group with cached rows loses one mid-prefill: the other goes on.
+    Every row gets what it gets alone."""
+    from metalgen.prefix_cache import PrefixCache
+
+    model = tiny_model(BATCH_CONFIGS["qwen2"])
+    rng = np.random.default_rng(8)
+    system = rng.integers(0, 512, 30).tolist()
+    prompts = [system + rng.integers(0, 512, 4).tolist(), rng.integers(0, 512, 5).tolist(),
+               system[:12] + rng.integers(0, 512, 6).tolist()]
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefix_cache=PrefixCache(1 << 24), tracer=Tracer(buf))
+    gen.insert(system + [1, 2], 2)
+    steps(gen)
+    uids = [gen.insert(p, 5, make_sampler(1.0, seed=i)) for i, p in enumerate(prompts)]
+    got = collect(steps(gen))
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")][1:] == [(3, 18)]
+    assert [got[u][0].cached_tokens for u in uids] == [28, 0, 12]
+    for i, (u, p) in enumerate(zip(uids, prompts)):
+        check_alone(model, got[u], p, 5, seed=i)
+
+    # a group of two cached rows (20 and 30 tokens, 10 and 8 to feed, 28 columns cached) fed 4 columns a
+    # step; the one without padding is cancelled after a chunk: the other drops its 8 columns of padding and
+    # is fed the 6 it has left alone
+    gen.prefill_step_size = 8
+    kept, gone = system[:20] + rng.integers(0, 512, 10).tolist(), system + rng.integers(0, 512, 8).tolist()
+    state = {}
+
+    def join(g):
+        state["kept"], state["gone"] = g.insert(kept, 3), g.insert(gone, 3)
+
+    got = collect(steps(gen, {0: join, 1: lambda g: g.remove(state["gone"])}))
+    assert state["gone"] not in got and got[state["kept"]][0].cached_tokens == 20
+    check_alone(model, got[state["kept"]], kept, 3)
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")][-2:] == [(2, 8), (1, 6)]
+
+
+def test_concurrent_requests_share_a_system_prompt_while_the_first_runs():
+    """A request's prompt goes into the prefix cache when its prefill ends, not when it finishes: two more
+    with the same 40-token system prompt, arriving while it decodes, are fed only their own 5 tokens, and the
+    system prompt is held once."""
+    from metalgen.prefix_cache import PrefixCache
+
+    model = tiny_model(BATCH_CONFIGS["qwen3_moe"])
+    rng = np.random.default_rng(6)
+    system = rng.integers(0, 512, 40).tolist()
+    prompts = [system + [int(t)] + rng.integers(0, 512, 4).tolist() for t in (10, 20, 30)]
+    buf = io.StringIO()
+    cache = PrefixCache(1 << 24)
+    gen = BatchGenerator(model, prefix_cache=cache, tracer=Tracer(buf))
+    uids = [gen.insert(prompts[0], 12)]
+    per_step = steps(gen, {2: lambda g: uids.extend(g.insert(p, 6) for p in prompts[1:])})
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(1, 45), (2, 10)]
+    assert len(per_step[3]) == 3  # they joined the running row
+    got = collect(per_step)
+    assert [got[u][0].cached_tokens for u in uids] == [0, 40, 40]
+    for u, p, n in zip(uids, prompts, (12, 6, 6)):
+        check_alone(model, got[u], p, n)
+    assert gen.step() == [] and gen.rows == []  # the last rows leave: into the prefix cache
+    # each sequence's tokens fed (the first row's last one never is, the others' were, ahead of the step that
+    # read them: the first row went on), the shared system prompt once
+    assert cache.match(system) == 40 and cache.tokens == 40 + 3 * 5 + 11 + 2 * 6
