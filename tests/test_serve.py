@@ -67,8 +67,11 @@ def test_chat_completion_is_the_engines_greedy_answer(served, client):
     r2 = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0)
     ids2 = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert r2.choices[0].message.content == greedy(model, tok, ids2, 4)
-    cached = r2.usage.prompt_tokens_details.cached_tokens
-    assert cached >= len(ids) - 1 if engine.max_batch == 1 else cached == 0  # no prefix reuse in a batch yet
+    # one at a time, the reused prompt cache; batched, the prefix cache (the first turn's prompt went in when
+    # its prefill ended, its reply when it finished)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= len(ids) - 1
+    if engine.max_batch > 1:
+        assert engine.prefix_cache.match(ids2) >= len(ids)
 
 
 def test_streamed_chat_with_usage_equals_the_whole_answer(client):
@@ -262,6 +265,8 @@ def test_serve_command_bad_flags_are_one_line_errors(capsys):
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-tokens", "0"]) == 1
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--max-batch", "0"]) == 1
     assert capsys.readouterr().err.strip().endswith("--max-batch must be >= 1, got 0")
+    assert main(["serve", "--model", "dummy:tiny-qwen3", "--prefix-cache-gb", "-1"]) == 1
+    assert capsys.readouterr().err.strip().endswith("--prefix-cache-gb must be >= 0, got -1.0")
 
 
 def test_limits_name_their_field_and_bound():

@@ -27,6 +27,10 @@ def add_parser(sub) -> None:
                    help="requests decoded together, one forward pass a token for all of them, on the plain path; "
                         "1 (the default) serves one at a time on the fast decode path with prefix reuse across "
                         "requests; a batch pays off from several concurrent clients (docs/serve.md)")
+    p.add_argument("--prefix-cache-gb", type=float, default=1.0,
+                   help="with --max-batch above 1: GiB of earlier requests' KV kept for prompts that begin the same "
+                        "way (a system prompt, a chat's earlier turns), least recently used out; 0: none; "
+                        "default: %(default)s")
     p.add_argument("--decode", choices=DECODE_MODES, default="auto",
                    help="decode path (docs/decode.md); a batch of requests takes the plain path")
     p.add_argument("--voice", action="append", default=[], metavar="NAME=CLIP",
@@ -56,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError("--max-tokens must be >= 1")
     if args.max_batch < 1:
         raise MetalgenError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if not args.prefix_cache_gb >= 0:  # (NaN too)
+        raise MetalgenError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb}")
     if not 0 <= args.port < 65536:
         raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
     # read once, here: the app holds the key, and nothing later looks at the environment
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if voices:
             raise MetalgenError("--voice is for a speech (Qwen3-TTS Base) model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
-        engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch)
+        engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
+                        prefix_cache_gb=args.prefix_cache_gb)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:

@@ -99,6 +99,9 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
                 raise RequestError(f"the model '{req.model}' does not exist here (this server has "
                                    f"'{engine.name}')", 404, "invalid_request_error", "model")
             ids, opened = engine.encode(req)
+            # a structured reply is the JSON text, content from its first token, even after a prompt that
+            # opened a thinking block (the mask leaves no room for one)
+            opened = opened and req.response_format is None
         except RequestError as e:
             return _error(e)
         strings = TokenStrings(engine.tokenizer) if req.logprobs else None

@@ -4,7 +4,8 @@ and leave it when they finish or their client goes away. With `max_batch` 1, or 
 batched yet (hybrid Gated DeltaNet stacks), requests run one at a time (the default: on the fast decode
 path, which serves one sequence) on one prompt cache that each
 request trims to the prefix it shares with the one before (a chat's earlier turns, a shared system
-prompt), so only the rest is prefilled (docs/serve.md)."""
+prompt), so only the rest is prefilled (docs/serve.md). A batch finds the longest prefix of each prompt in a
+prefix cache of earlier requests' KV (metalgen.prefix_cache), bounded by `prefix_cache_gb`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from ..batch import BatchGenerator, check_batchable
 from ..chat import ReusedCache
 from ..errors import MetalgenError
 from ..generate import TokenText, stream_generate
+from ..prefix_cache import PrefixCache
 from ..sampling import make_logits_processors, make_presence_frequency_penalty, make_sampler
+from ..structured import JsonConstraint, token_index
 from .protocol import GenerationRequest, RequestError, usage
 from .reasoning import opens_in_prompt
 
@@ -50,13 +53,16 @@ class _Running:
         self.job = job
         self.text = TokenText(tokenizer, job.req.stop)
         self.generated = 0
+        self.cached = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Engine:
     """Serves `model` as `name`; `submit` queues a request, the worker thread generates it (up to
-    `max_batch` requests decoded together)."""
+    `max_batch` requests decoded together; batched, a prefix cache of up to `prefix_cache_gb` GiB of earlier
+    requests' KV, 0 for none)."""
 
-    def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512, max_batch: int = 1):
+    def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512, max_batch: int = 1,
+                 prefix_cache_gb: float = 1.0):
         if max_batch < 1:
             raise MetalgenError(f"--max-batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -70,6 +76,10 @@ class Engine:
                 check_batchable(model)
             except MetalgenError:
                 self.max_batch = 1  # one request at a time, as before batching
+        if not prefix_cache_gb >= 0:
+            raise MetalgenError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
+        self.prefix_cache = (PrefixCache(int(prefix_cache_gb * 2**30)) if self.max_batch > 1 and prefix_cache_gb > 0
+                             else None)
         # MLX binds an unevaluated array to the stream (of the thread) that made it, and the worker has a
         # stream of its own: the weights are evaluated here, and the cache is made by the worker
         mx.eval(model.parameters())
@@ -162,6 +172,8 @@ class Engine:
                 for r in running.values():
                     self._end(r.job, "error", error)
                 running.clear()
+                if self.prefix_cache is not None:
+                    self.prefix_cache.clear()  # what the failed step inserted may never be computed
                 self._gen = self._new_batch()
 
     def _round(self, gen: BatchGenerator, running: Dict[int, "_Running"]) -> None:
@@ -183,6 +195,7 @@ class Engine:
         for resp in responses:
             r = running[resp.uid]
             r.generated += 1
+            r.cached = resp.cached_tokens
             self._put_token(r.job, resp.token, resp.logprob, resp.top_logprobs)
             text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
             if text:
@@ -194,8 +207,13 @@ class Engine:
 
     def _processors(self, req: GenerationRequest, prompt_tokens: int) -> list:
         """The request's logits processors; `prompt_tokens`: how many ids of their history precede the reply."""
-        return make_logits_processors(req.repetition_penalty) + make_presence_frequency_penalty(
+        processors = make_logits_processors(req.repetition_penalty) + make_presence_frequency_penalty(
             req.presence_penalty, req.frequency_penalty, prompt_tokens)
+        if req.response_format is not None:
+            # last: the mask decides what may come after any penalty (built on the worker: a new processor a job)
+            index = token_index(self.tokenizer, self.model.spec.vocab_size)  # about 1 s, the first time only
+            processors.append(JsonConstraint(req.response_format, index))
+        return processors
 
     def _put_token(self, job: Job, token: int, logprob: float, top) -> None:
         """A token's logprob event, where asked for (the EOS that ends a reply is not part of it)."""
@@ -203,7 +221,8 @@ class Engine:
             job.put("token", token, logprob, top)
 
     def _new_batch(self) -> BatchGenerator:
-        return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size)
+        return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size,
+                              prefix_cache=self.prefix_cache)
 
     def _arrivals(self, block: bool) -> List[Job]:
         """The jobs queued since the last step (waiting for one when the batch is idle)."""
@@ -232,8 +251,8 @@ class Engine:
         running[uid] = _Running(job, self.tokenizer)
 
     def _finish(self, r: "_Running", finish: Optional[str]) -> None:
-        # a batch holds no prefix cache across requests yet: nothing of the prompt was cached
-        self._end(r.job, "done", finish, usage(len(r.job.ids), r.generated, 0))
+        # (a job cancelled before its first token reports none cached: it was never prefilled)
+        self._end(r.job, "done", finish, usage(len(r.job.ids), r.generated, r.cached))
 
     # -- one at a time, on a reused prompt cache ---------------------------------------------------------
 

@@ -9,6 +9,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import MetalgenError
+from ..structured import Grammar, SchemaError, grammar
 from .tools import forced_prefix
 
 
@@ -54,6 +55,8 @@ class GenerationRequest:
     # the field the client set max_tokens with (None: the server's default, which the context may clamp; a
     # limit the client set must fit in the context with the prompt, as OpenAI's does, or it is a 400)
     limit_param: Optional[str] = None
+    # response_format json_object / json_schema: the automaton the reply must follow (None: free text)
+    response_format: Optional[Grammar] = None
 
 
 def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
@@ -72,7 +75,7 @@ def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
 
 # fields the server does not honour yet: refused when set to anything but their neutral value, so that a
 # client never gets output that silently ignores what it asked for
-_NOT_YET = {"response_format": None, "logit_bias": None}
+_NOT_YET = {"logit_bias": None}
 MAX_N = 8  # choices of one request
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -109,6 +112,30 @@ def _tools(body: dict) -> Tuple[Optional[List[dict]], str]:
         raise RequestError(f"'tool_choice' names the function '{fn['name']}', which is not among the tools",
                            param="tool_choice")
     return tools, forced_prefix(fn["name"])
+
+
+def _response_format(fmt: Any) -> Optional[Grammar]:
+    """The automaton of `response_format`: None for text, any JSON object for {"type": "json_object"}, the
+    schema's for {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}
+    (metalgen.structured: the supported subset; anything past it is refused, not ignored)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return grammar(None)
+    if kind != "json_schema":
+        raise RequestError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                           "{\"type\": \"json_schema\", \"json_schema\": {...}}", param="response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise RequestError("'response_format' json_schema needs a 'json_schema' object with a 'name'",
+                           param="response_format")
+    try:
+        return grammar(spec.get("schema", {}))  # no schema: any JSON value
+    except SchemaError as e:
+        raise RequestError(f"'response_format' schema: {e}", param="response_format") from None
 
 
 def _message(m: Any) -> dict:
@@ -152,7 +179,7 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         raise RequestError("'model' is required", param="model")
     for name, neutral in _NOT_YET.items():
         value = body.get(name)
-        if value is not None and value != neutral and not (name == "response_format" and value == {"type": "text"}):
+        if value is not None and value != neutral:
             raise RequestError(f"'{name}' is not supported by this server yet", param=name)
     messages = prompt = None
     if kind == "chat":
@@ -211,6 +238,7 @@ def parse_request(body: Any, kind: str, default_max_tokens: int) -> GenerationRe
         presence_penalty=_number(body, "presence_penalty", 0.0, float, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, float, -2.0, 2.0),
         tools=tools, tool_prefix=tool_prefix, limit_param=limit if body.get(limit) is not None else None,
+        response_format=_response_format(body.get("response_format")),
     )
 
 
