@@ -167,17 +167,6 @@ def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
     return mx.pad(keys, pad), mx.pad(values, pad)
 
 
-def merge_caches(batch: Optional[List[BatchKVCache]], prompt_cache: List[KVCache]) -> List[BatchKVCache]:
-    """Add one sequence's per-layer KVCaches (a prompt prefilled alone) to a batch's per-layer caches as a
-    new last row; `batch` None starts a batch. Returns the batch's caches."""
-    rows = [BatchKVCache.from_cache(c) for c in prompt_cache]
-    if batch is None:
-        return rows
-    for b, r in zip(batch, rows):
-        b.extend(r)
-    return batch
-
-
 def extend_caches(batch: Optional[List[BatchKVCache]], rows: List[BatchKVCache]) -> List[BatchKVCache]:
     """Append the rows of per-layer BatchKVCaches (prompts prefilled together) to a batch's per-layer caches;
     `batch` None starts a batch with them. Returns the batch's caches."""

@@ -7,11 +7,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalgen.batch_cache import BatchKVCache, extend_caches, filter_caches, merge_caches
+from metalgen.batch_cache import BatchKVCache, extend_caches, filter_caches
 from metalgen.cache import KVCache, make_prompt_cache
 from metalgen.errors import MetalgenError
 
 from checkpoints import BATCH_CONFIGS, tiny_model
+
+
+def merge_caches(batch, prompt_cache):
+    """One sequence's per-layer KVCaches (prefilled alone) added to a batch's caches as a new last row."""
+    return extend_caches(batch, [BatchKVCache.from_cache(c) for c in prompt_cache])
 
 
 def filled(length: int, start: float) -> KVCache:
