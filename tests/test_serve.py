@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import metalgen  # noqa: E402
 from metalgen.serve.app import make_app  # noqa: E402
 from metalgen.serve.engine import Engine  # noqa: E402
+from live_server import live_server  # noqa: E402
 
 NAME = "tiny"
 
@@ -27,17 +27,8 @@ def served(request):
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
     # one at a time: the stacked prompt cache, as a GPU would serve; a batch takes the plain path
     engine = Engine(model, tok, NAME, decode="reference", max_batch=request.param)
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, 16), host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", model, tok, engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(make_app(engine, 16)) as port:
+        yield f"http://127.0.0.1:{port}", model, tok, engine
 
 
 @pytest.fixture()

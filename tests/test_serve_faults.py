@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 
 import pytest
@@ -22,6 +21,7 @@ import metalgen  # noqa: E402
 from benchmarks.serve_stress import idle, stress  # noqa: E402
 from metalgen.serve.app import make_app  # noqa: E402
 from metalgen.serve.engine import Engine  # noqa: E402
+from live_server import live_server  # noqa: E402
 
 NAME = "tiny"
 KEY = "sk-test-key"
@@ -33,18 +33,8 @@ def served(request):
     """(base url, port, tokenizer, engine) of a server that needs the API key KEY, on a free port."""
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
     engine = Engine(model, tok, NAME, decode="reference", max_batch=request.param)
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, 16, api_key=KEY), host="127.0.0.1", port=0,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", port, tok, engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(make_app(engine, 16, api_key=KEY)) as port:
+        yield f"http://127.0.0.1:{port}", port, tok, engine
 
 
 def wait_idle(engine, timeout: float = 5.0) -> dict:

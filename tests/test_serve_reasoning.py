@@ -6,6 +6,8 @@ import pytest
 
 from metalgen.serve.reasoning import ReasoningSplitter, opens_in_prompt
 
+from live_server import live_server
+
 
 def split(pieces, in_reasoning=False):
     s = ReasoningSplitter(in_reasoning)
@@ -41,11 +43,6 @@ def test_the_server_returns_reasoning_content_streamed_and_whole(monkeypatch):
     # a scripted engine (the tiny random model never thinks): its reply text through the routes
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
-    import threading
-    import time
-
-    import uvicorn
-
     import metalgen
     from metalgen.serve.app import make_app
     from metalgen.serve.engine import Engine
@@ -58,14 +55,8 @@ def test_the_server_returns_reasoning_content_streamed_and_whole(monkeypatch):
             job.put("done", "stop", usage(len(job.ids), 5, 0))
 
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
-    server = uvicorn.Server(uvicorn.Config(make_app(Scripted(model, tok, "t", decode="plain")), host="127.0.0.1",
-                                           port=0, log_level="error"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1",
-                           api_key="none", max_retries=0)
-    try:
+    with live_server(make_app(Scripted(model, tok, "t", decode="plain"))) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         kw = dict(model="t", messages=[{"role": "user", "content": "Well?"}])
         msg = client.chat.completions.create(**kw).choices[0].message
         assert msg.content == "Yes." and msg.model_extra["reasoning_content"] == "\nI weigh"
@@ -78,5 +69,3 @@ def test_the_server_returns_reasoning_content_streamed_and_whole(monkeypatch):
         off = client.chat.completions.create(max_tokens=1, extra_body={"chat_template_kwargs": {
             "enable_thinking": False}}, **kw).usage.prompt_tokens
         assert off > on
-    finally:
-        server.should_exit = True

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 import time
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import soundfile as sf
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import metalgen  # noqa: E402
@@ -22,6 +21,7 @@ import metalgen.tts  # noqa: E402
 from metalgen.serve.app import make_app  # noqa: E402
 from metalgen.serve.protocol import RequestError  # noqa: E402
 from metalgen.serve.speech import SpeechEngine, model_kind, parse_speech_request, parse_voices  # noqa: E402
+from live_server import live_server  # noqa: E402
 
 NAME = "tiny-tts"
 FRAMES = 16  # the engine's frame cap: random weights seldom draw the codec EOS, so clips run to it
@@ -33,17 +33,8 @@ def served():
     """(base url, TTSModel, engine) of a speech server on a free port, for the module."""
     tts = metalgen.tts.load("dummy:qwen3-tts-tiny", dtype="float32")
     engine = SpeechEngine(tts, NAME, max_frames=FRAMES)
-    server = uvicorn.Server(uvicorn.Config(make_app(engine), host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", tts, engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(make_app(engine)) as port:
+        yield f"http://127.0.0.1:{port}", tts, engine
 
 
 @pytest.fixture()

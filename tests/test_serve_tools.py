@@ -11,6 +11,8 @@ import pytest
 from metalgen.serve.protocol import RequestError, parse_request
 from metalgen.serve.tools import ToolCallParser, forced_prefix, parse_call
 
+from live_server import live_server
+
 CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
          '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -124,11 +126,6 @@ def scripted():
     """An openai client on a live server whose engine replies with a script chosen by the last message."""
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
-    import threading
-    import time
-
-    import uvicorn
-
     import metalgen
     from metalgen.serve.app import make_app
     from metalgen.serve.engine import Engine
@@ -148,14 +145,8 @@ def scripted():
             job.put("done", "stop", usage(len(job.ids), len(script), 0))
 
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
-    server = uvicorn.Server(uvicorn.Config(make_app(Scripted(model, tok, "t", decode="plain")), host="127.0.0.1",
-                                           port=0, log_level="error"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1",
-                        api_key="none", max_retries=0)
-    server.should_exit = True
+    with live_server(make_app(Scripted(model, tok, "t", decode="plain"))) as port:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
 
 
 def ask(client, say, **kw):

@@ -4,17 +4,16 @@ one serving a request at a time and one batching; answers must parse and validat
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 import metalgen  # noqa: E402
 from metalgen.serve.app import make_app  # noqa: E402
 from metalgen.serve.engine import Engine  # noqa: E402
+from live_server import live_server  # noqa: E402
 
 NAME = "tiny"
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
@@ -69,17 +68,8 @@ def loaded():
 def client(request, loaded):
     model, tok = loaded
     engine = Engine(model, tok, NAME, decode="reference", max_batch=request.param)
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, 64), host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(make_app(engine, 64)) as port:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
 
 
 def fmt(schema):
