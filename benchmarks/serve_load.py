@@ -169,7 +169,8 @@ async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
 
 
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0, path: str = "/v1/models") -> None:
+    """Poll `path` of the server `proc` started on `port` until it answers (an error if it exits or times out)."""
     import urllib.request
 
     t0 = time.time()
@@ -177,7 +178,7 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0) -> Non
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read()
             return
         except OSError:
             time.sleep(0.5)

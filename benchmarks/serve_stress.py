@@ -28,12 +28,13 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Tuple
 from urllib.parse import urlparse
+
+from benchmarks.serve_load import free_port, wait_ready
 
 WORDS = ("river stone garden light window market paper silver number music table winter summer letter "
          "bridge forest morning evening station engine harbor mountain village ocean signal pattern").split()
@@ -182,27 +183,6 @@ async def stress(host: str, port: int, name: str, *, requests: int = 500, client
             "memory_before": before["memory"], "memory_after": after["memory"], "error_samples": samples}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    import urllib.request
-
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("the server did not come up")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -231,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         proc = subprocess.Popen(cmd, env=env)
     try:
         if proc is not None:
-            wait_ready(port, proc)
+            wait_ready(port, proc, path="/health")
         name = asyncio.run(get_json(host, port, "/v1/models", args.api_key))["data"][0]["id"]
         report = asyncio.run(stress(host, port, name, requests=args.requests, clients=args.clients,
                                     max_tokens=args.max_tokens, cancel=args.cancel, seed=args.seed,

@@ -453,6 +453,7 @@ class BatchGenerator:
         rows = [self.rows[i] for i in idx]
         settings, windows = [], []
         C = max((r.processors[0].context_size for r in rows if r.processors), default=0)
+        none = mx.full((C,), -1, mx.int32) if C else None  # the window of a row without a penalty
         for i, r in zip(idx, rows):
             s = r.sampler or self._greedy
             pen = r.processors[0] if r.processors else None
@@ -464,7 +465,7 @@ class BatchGenerator:
                     w = r.history[-C:]
                     windows.append(mx.pad(w, (C - w.shape[0], 0), constant_values=-1) if w.shape[0] < C else w)
                 else:
-                    windows.append(mx.full((C,), -1, mx.int32))
+                    windows.append(none)
         recent = mx.stack(windows) if C else None  # (G, C): each row's last ids, -1 before its history
         V = logits.shape[-1]
         if V not in self._scratch:  # one for every row count: a launch uses its first rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
@@ -106,6 +106,16 @@ def make_prompt_cache(model, max_size: Optional[int] = None, decode: Optional[st
     if make is not None:
         return make(max_size)
     return [KVCache(max_size) for _ in model.layers]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two id sequences (what a cache holding `a` can keep of `b`)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def cache_length(cache) -> int:

@@ -11,20 +11,10 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from .cache import cache_length, make_prompt_cache, trim_prompt_cache
+from .cache import cache_length, common_prefix, make_prompt_cache, trim_prompt_cache
 from .errors import MetalgenError
 from .generate import GenerationResponse, stream_generate
 from .sampling import make_logits_processors, make_sampler
-
-
-def common_prefix(a: List[int], b: List[int]) -> int:
-    """The length of the longest common prefix of two id lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ReusedCache:

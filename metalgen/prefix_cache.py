@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .cache import common_prefix
 from .errors import MetalgenError
 
 # (begin, end) -> (keys, values) of tokens[begin:end], each (layers, kv_heads, end - begin, head_dim)
@@ -55,12 +56,7 @@ def _common(run: Tuple[int, ...], ids: Sequence[int], at: int) -> int:
     part = tuple(ids[at : at + len(run)])
     if part == run:  # the usual case, compared in C
         return len(run)
-    n = 0
-    for x, y in zip(run, part):
-        if x != y:
-            break
-        n += 1
-    return n
+    return common_prefix(run, part)
 
 
 def _copy(a: mx.array) -> mx.array:

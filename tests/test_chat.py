@@ -8,8 +8,8 @@ import mlx.core as mx
 import pytest
 
 import metalgen
-from metalgen.cache import cache_length, make_prompt_cache, trim_prompt_cache
-from metalgen.chat import ChatSession, common_prefix
+from metalgen.cache import cache_length, common_prefix, make_prompt_cache, trim_prompt_cache
+from metalgen.chat import ChatSession
 from metalgen.errors import MetalgenError
 from metalgen.generate import generate_step
 

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import List, Optional
+from typing import Optional
 
 import mlx.core as mx
 from starlette.applications import Starlette
@@ -24,12 +24,9 @@ from .auth import ApiKeyMiddleware
 from .choices import Choice, answer, events
 from .engine import Engine
 from .logprobs import TokenStrings
+from .http import cancel_on_disconnect, error_response
 from .protocol import RequestError, new_id, parse_request
 from .speech import not_served, speech_route
-
-
-def _error(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -40,16 +37,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     # a fault the handlers did not catch: an error object naming its type, never a traceback (the log has it)
-    return _error(RequestError(f"internal error: {type(exc).__name__}", 500, "server_error"))
-
-
-async def _cancel_on_disconnect(request: Request, choices: List[Choice]) -> None:
-    """Until a non-streamed answer is ready: a client that goes away cancels its jobs (the body has been
-    read, so the next message is the disconnect). A streamed answer's response watches for it itself."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    for c in choices:
-        c.job.cancelled.set()
+    return error_response(RequestError(f"internal error: {type(exc).__name__}", 500, "server_error"))
 
 
 def _rss_bytes() -> Optional[int]:
@@ -82,7 +70,7 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
 
     async def generate(request: Request, kind: str):
         if getattr(engine, "task", "text") != "text":  # a speech model serves /v1/audio/speech only
-            return _error(not_served(engine, request.url.path))
+            return error_response(not_served(engine, request.url.path))
         try:
             raw = await request.body()
         except ClientDisconnect:  # gone before its body arrived: nothing to run, nobody to answer
@@ -103,7 +91,7 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
             # opened a thinking block (the mask leaves no room for one)
             opened = opened and req.response_format is None
         except RequestError as e:
-            return _error(e)
+            return error_response(e)
         strings = TokenStrings(engine.tokenizer) if req.logprobs else None
         # n choices are n jobs (batched, n rows of the batch); with a seed, choice i draws with seed + i
         choices = [Choice(i, engine.submit(req if req.seed is None else dataclasses.replace(req, seed=req.seed + i),
@@ -111,12 +99,13 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
             return StreamingResponse(events(req, rid, choices), media_type="text/event-stream")
-        watch = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
+        # until the answer is ready; a streamed answer's response watches for the disconnect itself
+        watch = asyncio.ensure_future(cancel_on_disconnect(request, [c.job for c in choices]))
         try:
             result = await answer(req, rid, choices)
         finally:
             watch.cancel()
-        return _error(result) if isinstance(result, RequestError) else JSONResponse(result)
+        return error_response(result) if isinstance(result, RequestError) else JSONResponse(result)
 
     async def chat(request: Request):
         return await generate(request, "chat")

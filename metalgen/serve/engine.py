@@ -27,23 +27,32 @@ from .protocol import GenerationRequest, RequestError, usage
 from .reasoning import opens_in_prompt
 
 
-class Job:
-    """One request in flight (one choice of it): its ids, and the events its handler reads: ("text", str)
-    (each after its tokens' ("token", id, logprob, top alternatives) where the request asks for logprobs),
-    then ("done", finish_reason, usage) or ("error", RequestError)."""
+class JobEvents:
+    """What a worker thread and a request's handler share: the events the worker puts for the handler's
+    event loop, and the flag the handler sets when its client goes away."""
 
-    def __init__(self, req: GenerationRequest, ids: List[int], loop: asyncio.AbstractEventLoop,
-                 in_reasoning: bool = False):
-        self.req, self.ids, self.loop = req, ids, loop
-        self.in_reasoning = in_reasoning  # the prompt opened a thinking block
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()  # the client went away: stop at the next token
+        self.cancelled = threading.Event()  # the client went away: stop at the next token (or chunk)
 
     def put(self, *event) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the server's loop has closed (shutdown): nobody is left to read it
             pass
+
+
+class Job(JobEvents):
+    """One request in flight (one choice of it): its ids, and the events its handler reads: ("text", str)
+    (each after its tokens' ("token", id, logprob, top alternatives) where the request asks for logprobs),
+    then ("done", finish_reason, usage) or ("error", RequestError)."""
+
+    def __init__(self, req: GenerationRequest, ids: List[int], loop: asyncio.AbstractEventLoop,
+                 in_reasoning: bool = False):
+        super().__init__(loop)
+        self.req, self.ids = req, ids
+        self.in_reasoning = in_reasoning  # the prompt opened a thinking block
 
 
 class _Running:

@@ -23,9 +23,11 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from ..errors import MetalgenError
+from .engine import JobEvents
+from .http import cancel_on_disconnect, error_response
 from .protocol import RequestError
 
 # config.json model types served by this route (the others are text decoders)
@@ -223,17 +225,13 @@ def parse_speech_request(body, engine: "SpeechEngine") -> SpeechRequest:
 
 # ---- the engine ------------------------------------------------------------------------------------------
 
-class SpeechJob:
+class SpeechJob(JobEvents):
     """One request in flight. Its events: ("audio", float32 chunk)..., then ("done", frames) or ("error",
     RequestError)."""
 
     def __init__(self, req: SpeechRequest, loop: asyncio.AbstractEventLoop):
-        self.req, self.loop = req, loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()  # the client went away: stop at the next chunk
-
-    def put(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        super().__init__(loop)
+        self.req = req
 
 
 class SpeechEngine:
@@ -314,10 +312,6 @@ class SpeechEngine:
 
 # ---- the route -------------------------------------------------------------------------------------------
 
-def _error(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
-
-
 def not_served(engine, path: str) -> RequestError:
     """The error of a route the loaded model does not serve (a text model's for speech, and the reverse)."""
     if getattr(engine, "task", "text") == "speech":
@@ -337,7 +331,7 @@ def speech_route(engine):
 
     async def speech(request: Request):
         if getattr(engine, "task", "text") != "speech":
-            return _error(not_served(engine, "/v1/audio/speech"))
+            return error_response(not_served(engine, "/v1/audio/speech"))
         try:
             try:
                 body = json.loads(await request.body())
@@ -347,14 +341,14 @@ def speech_route(engine):
                 raise RequestError("the request body is not valid JSON (nested too deeply)")
             req = parse_speech_request(body, engine)
         except RequestError as e:
-            return _error(e)
+            return error_response(e)
         job = engine.submit(req)
-        watch = asyncio.ensure_future(_cancel_on_disconnect(request, job))
+        watch = asyncio.ensure_future(cancel_on_disconnect(request, [job]))
         streaming = False
         try:
             first = await job.events.get()  # the status waits for the first chunk: input errors come before it
             if first[0] == "error":
-                return _error(first[1])
+                return error_response(first[1])
             if req.response_format in STREAMED:
                 watch.cancel()  # the streamed response watches the connection itself from here
                 streaming = True
@@ -365,7 +359,7 @@ def speech_route(engine):
                 chunks.append(event[1])
                 event = await job.events.get()
             if event[0] == "error":
-                return _error(event[1])
+                return error_response(event[1])
             wav = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             data = await asyncio.to_thread(encode, req.response_format, wav, engine.sample_rate)
             if req.stream_format == "sse":
@@ -377,14 +371,6 @@ def speech_route(engine):
                 job.cancelled.set()  # a no-op once done; stops a generation whose answer failed
 
     return speech
-
-
-async def _cancel_on_disconnect(request: Request, job: SpeechJob) -> None:
-    """Until the response starts: a client that goes away cancels its job (the body has been read, so the
-    next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    job.cancelled.set()
 
 
 def _sse_delta(data: bytes) -> bytes:
