@@ -12,7 +12,7 @@ from typing import List, Tuple
 OPEN, CLOSE = "<think>", "</think>"
 
 
-def _partial_tail(text: str, tag: str) -> int:
+def partial_tail(text: str, tag: str) -> int:
     """How many characters at the end of `text` could begin `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
@@ -48,7 +48,7 @@ class ReasoningSplitter:
                         out.append(("reasoning", self.buf[:i]))
                     self.buf, self.state = self.buf[i + len(CLOSE):], "after"
                     continue
-                keep = _partial_tail(self.buf, CLOSE)
+                keep = partial_tail(self.buf, CLOSE)
                 if len(self.buf) > keep:
                     out.append(("reasoning", self.buf[:len(self.buf) - keep]))
                     self.buf = self.buf[len(self.buf) - keep:]

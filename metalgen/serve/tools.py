@@ -19,6 +19,8 @@ import json
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from .reasoning import partial_tail
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -70,14 +72,6 @@ def parse_call(body: str) -> Optional[Tuple[str, str]]:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
-def _partial_tail(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could begin `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class ToolCallParser:
     """Feed the reply's text; get ("content", str) and ("tool_call", ToolCall) items. `prefix`: text the
     prompt already wrote of the reply (`forced_prefix`), parsed as if the model had."""
@@ -105,7 +99,7 @@ class ToolCallParser:
                 self._content(self.buf[:i], out, hold=True)
                 self.buf, self.in_call = self.buf[i + len(OPEN):], True
                 continue
-            keep = _partial_tail(self.buf, OPEN)
+            keep = partial_tail(self.buf, OPEN)
             self._content(self.buf[:len(self.buf) - keep], out, hold=True)
             self.buf = self.buf[len(self.buf) - keep:]
             return out
