@@ -14,10 +14,12 @@ from ..errors import MetalgenError
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import generate as generate_cmd
+from . import omni as omni_cmd
 from . import serve as serve_cmd
 from . import tts as tts_cmd
 
-SUBCOMMANDS = {"generate": generate_cmd, "chat": chat_cmd, "serve": serve_cmd, "bench": bench_cmd, "tts": tts_cmd}
+SUBCOMMANDS = {"generate": generate_cmd, "chat": chat_cmd, "serve": serve_cmd, "bench": bench_cmd, "tts": tts_cmd,
+               "omni": omni_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:

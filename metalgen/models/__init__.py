@@ -20,6 +20,7 @@ MODEL_TYPES = {
     "qwen3_5_text": "qwen3_5",
     "qwen3_5_moe": "qwen3_5_moe",
     "qwen3_5_moe_text": "qwen3_5_moe",
+    "qwen3_omni_moe": "qwen3_omni_moe",
 }
 
 

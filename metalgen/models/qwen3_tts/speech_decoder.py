@@ -7,6 +7,11 @@
 
 Layout is MLX's (B, T, C) throughout; checkpoint conv weights are PyTorch's and `sanitize`
 transposes them. Attributes follow the checkpoint keys under `decoder.`.
+
+Qwen3-Omni's Code2Wav (models/qwen3_omni/code2wav.py) is the same vocoder behind a different
+code embedding and a transformer without projections; it builds on the pieces here
+(`upsample_stack`, `waveform_stack`, `run_waveform`, `PreTransformer(projections=False)`,
+`StreamingDecoder`, `decode_chunked`).
 """
 
 from __future__ import annotations
@@ -84,17 +89,22 @@ class CausalConv(nn.Module):
 
 
 class CausalTransConv(nn.Module):
-    """ConvTranspose1d with the (kernel - stride) trailing samples cut."""
+    """ConvTranspose1d with the (kernel - stride) trailing samples cut: T frames -> T * stride.
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1):
+    With `trim_start`, as many leading samples are cut too: T -> (T - 1) * stride. That is how
+    Qwen3-Omni's Code2Wav was trained (its reference cuts both ends), so its waveform comes out
+    shorter than frames * upsample and starts that many samples late."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, trim_start: bool = False):
         super().__init__()
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride = stride
         self.trim = kernel - stride
+        self.start = self.trim if trim_start else 0
 
     def __call__(self, x: mx.array) -> mx.array:
         y = conv_transpose1d_gemm(x, self.conv.weight, self.conv.get("bias"), self.stride)
-        return y[:, : y.shape[1] - self.trim] if self.trim > 0 else y
+        return y[:, self.start : y.shape[1] - self.trim] if self.trim > 0 else y
 
 
 @partial(mx.compile, shapeless=True)
@@ -144,9 +154,9 @@ class ResidualUnit(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, rate: int):
+    def __init__(self, cin: int, cout: int, rate: int, trim_start: bool = False):
         super().__init__()
-        self.block = [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate)]
+        self.block = [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate, trim_start)]
         self.block += [ResidualUnit(cout, d) for d in (1, 3, 9)]
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -243,22 +253,56 @@ def sliding_window_mask(length: int, window: int) -> mx.array:
 
 
 class PreTransformer(nn.Module):
-    def __init__(self, args: SpeechDecoderArgs):
+    """Sliding-window causal transformer over the frames. `args` needs `to_spec()`,
+    `sliding_window`, `hidden_size`, `rms_norm_eps` and, with projections, `latent_dim`: the
+    speech tokenizer maps latent_dim <-> hidden_size around the layers; Code2Wav
+    (projections=False) works at hidden_size throughout."""
+
+    def __init__(self, args, projections: bool = True):
         super().__init__()
         spec = args.to_spec()
         rope = RoPE(spec.rope, spec.head_dim, spec.max_position_embeddings)
         self.window = int(args.sliding_window)
-        self.input_proj = Linear(args.latent_dim, args.hidden_size)
+        if projections:
+            self.input_proj = Linear(args.latent_dim, args.hidden_size)
         self.layers = [TransformerLayer(spec, rope) for _ in range(spec.num_hidden_layers)]
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.output_proj = Linear(args.hidden_size, args.latent_dim)
+        if projections:
+            self.output_proj = Linear(args.hidden_size, args.latent_dim)
 
     def __call__(self, x: mx.array) -> mx.array:
-        h = self.input_proj(x)
+        h = self.input_proj(x) if "input_proj" in self else x
         mask = sliding_window_mask(h.shape[1], self.window)
         for layer in self.layers:
             h = layer(h, mask)
-        return self.output_proj(self.norm(h))
+        h = self.norm(h)
+        return self.output_proj(h) if "output_proj" in self else h
+
+
+def upsample_stack(dim: int, ratios) -> List[list]:
+    """Checkpoint keys `upsample.N.0` / `upsample.N.1`: per ratio f, a transposed conv by f
+    (kernel f, so nothing to trim) and a ConvNeXt block."""
+    return [[CausalTransConv(dim, dim, f, f), ConvNeXtBlock(dim)] for f in ratios]
+
+
+def waveform_stack(in_dim: int, decoder_dim: int, rates, trim_start: bool = False) -> List[nn.Module]:
+    """Checkpoint keys `decoder.N`: causal conv in_dim -> decoder_dim, one DecoderBlock per rate
+    (channels halving each time), SnakeBeta, causal conv to one channel. `trim_start`: see
+    CausalTransConv."""
+    layers: List[nn.Module] = [CausalConv(in_dim, decoder_dim, 7)]
+    for i, rate in enumerate(rates):
+        layers.append(DecoderBlock(decoder_dim // 2**i, decoder_dim // 2 ** (i + 1), rate, trim_start))
+    out_dim = decoder_dim // 2 ** len(rates)
+    return layers + [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
+
+
+def run_waveform(h: mx.array, upsample: List[list], decoder: List[nn.Module]) -> mx.array:
+    """(B, T, C) frame features -> (B, samples) waveform in [-1, 1]."""
+    for up, block in upsample:
+        h = block(up(h))
+    for layer in decoder:
+        h = layer(h)
+    return mx.clip(h[..., 0], -1.0, 1.0)
 
 
 class SpeechDecoder(nn.Module):
@@ -271,16 +315,8 @@ class SpeechDecoder(nn.Module):
         self.quantizer = SplitResidualVQ(args)
         self.pre_conv = CausalConv(args.codebook_dim, args.latent_dim, 3)
         self.pre_transformer = PreTransformer(args)
-        self.upsample = [
-            [CausalTransConv(args.latent_dim, args.latent_dim, f, f), ConvNeXtBlock(args.latent_dim)]
-            for f in args.upsampling_ratios
-        ]
-        decoder: List[nn.Module] = [CausalConv(args.latent_dim, args.decoder_dim, 7)]
-        for i, rate in enumerate(args.upsample_rates):
-            decoder.append(DecoderBlock(args.decoder_dim // 2**i, args.decoder_dim // 2 ** (i + 1), rate))
-        out_dim = args.decoder_dim // 2 ** len(args.upsample_rates)
-        decoder += [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
-        self.decoder = decoder
+        self.upsample = upsample_stack(args.latent_dim, args.upsampling_ratios)
+        self.decoder = waveform_stack(args.latent_dim, args.decoder_dim, args.upsample_rates)
 
     def __call__(self, codes: mx.array) -> mx.array:
         # codes: (B, T, Q) int
@@ -288,18 +324,12 @@ class SpeechDecoder(nn.Module):
             raise ValueError(f"expected {self.args.num_quantizers} codebooks, got {codes.shape[-1]}")
         h = self.pre_conv(self.quantizer.decode(codes))
         h = self.pre_transformer(h)
-        for up, block in self.upsample:
-            h = block(up(h))
-        for layer in self.decoder:
-            h = layer(h)
-        return mx.clip(h[..., 0], -1.0, 1.0)
+        return run_waveform(h, self.upsample, self.decoder)
 
     def chunked(self, codes: mx.array, chunk: int = 300, left_context: int = 25) -> mx.array:
         """Decode `chunk` frames at a time, each with up to `left_context` earlier frames whose
         samples are dropped: the reference's chunked decode, and what streaming emits."""
-        stream = StreamingDecoder(self, chunk, left_context)
-        pieces = list(stream.push(codes)) + list(stream.flush())
-        return mx.concatenate(pieces, axis=-1) if pieces else mx.zeros((codes.shape[0], 0))
+        return decode_chunked(self, codes, chunk, left_context)
 
 
 class StreamingDecoder:
@@ -307,15 +337,21 @@ class StreamingDecoder:
     history, so audio flows while the talker is still generating. With `first_chunk` set, the
     first piece is decoded after that many frames and each later piece doubles in size up to
     `chunk` (2, 4, 8, 12, 12, ...): a short wait for the first audio, few decodes after it.
-    Without it the concatenated output equals `SpeechDecoder.chunked(all_codes, chunk,
-    left_context)`."""
+    Without it the concatenated output equals `decoder.chunked(all_codes, chunk, left_context)`.
 
-    def __init__(self, decoder: SpeechDecoder, chunk: int, left_context: int, first_chunk: Optional[int] = None):
-        if chunk < 1 or left_context < 0 or (first_chunk is not None and first_chunk < 1):
-            raise ValueError("chunk and first_chunk must be >= 1 and left_context >= 0")
+    `decoder` is any model with `total_upsample` and `__call__(codes (B, T, Q)) -> (B, samples)`
+    (SpeechDecoder, Qwen3-Omni's Code2Wav). `overlap`: samples to keep from before the
+    context cut of every piece decoded with context; a decoder whose output starts that many
+    samples late (Code2Wav's 555) would otherwise lose them at every piece boundary."""
+
+    def __init__(self, decoder, chunk: int, left_context: int, first_chunk: Optional[int] = None,
+                 overlap: int = 0):
+        if chunk < 1 or left_context < 0 or (first_chunk is not None and first_chunk < 1) or overlap < 0:
+            raise ValueError("chunk and first_chunk must be >= 1, left_context and overlap >= 0")
         self.decoder = decoder
         self.chunk = chunk
         self.left = left_context
+        self.overlap = overlap
         self.next = min(first_chunk, chunk) if first_chunk else chunk  # frames in the next piece
         self.codes: Optional[mx.array] = None  # (B, T, Q)
         self.start = 0  # first frame not yet decoded
@@ -324,7 +360,8 @@ class StreamingDecoder:
         ctx = min(self.left, self.start)
         wav = self.decoder(self.codes[:, self.start - ctx : end])
         self.start = end
-        return wav[:, ctx * self.decoder.total_upsample :]
+        # the first piece has no context to cut, so an overlap can only come back after it
+        return wav[:, max(ctx * self.decoder.total_upsample - self.overlap, 0) :]
 
     def push(self, codes: mx.array) -> Iterator[mx.array]:
         """Add frames (B, T, Q); yield waveform pieces (B, samples) for each full chunk."""
@@ -337,6 +374,14 @@ class StreamingDecoder:
     def flush(self) -> Iterator[mx.array]:
         if self.codes is not None and self.codes.shape[1] > self.start:
             yield self._decode(self.codes.shape[1])
+
+
+def decode_chunked(decoder, codes: mx.array, chunk: int, left_context: int, overlap: int = 0) -> mx.array:
+    """`decoder` (see StreamingDecoder) over codes (B, T, Q) `chunk` frames at a time, each
+    with up to `left_context` earlier frames whose samples are dropped -> (B, samples)."""
+    stream = StreamingDecoder(decoder, chunk, left_context, overlap=overlap)
+    pieces = list(stream.push(codes)) + list(stream.flush())
+    return mx.concatenate(pieces, axis=-1) if pieces else mx.zeros((codes.shape[0], 0))
 
 
 def torch_conv_to_mlx(model: nn.Module, weights: Dict[str, mx.array], prefix: str = "") -> Dict[str, mx.array]:
