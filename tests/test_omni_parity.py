@@ -116,3 +116,48 @@ def test_waveform_matches(ref, ours):
     got = ours["wav"]
     assert got.shape == want.shape
     assert np.corrcoef(got, want)[0, 1] > 0.9999
+
+
+AUDIO_FRAMES = 12
+
+
+@pytest.fixture(scope="module")
+def audio_case(ref):
+    """A spoken question (a 2.3 s chirp): transformers fed our log-mel features (test_omni_audio checks
+    they equal its feature extractor's) and the same ids."""
+    import torch
+
+    from metalgen.omni.features import audio_token_count, log_mel
+    from metalgen.omni.generate import stream, talker_sampling
+    from metalgen.omni.prompt import thinker_ids
+
+    t = np.arange(int(16000 * 2.3)) / 16000
+    wav = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t)).astype(np.float32)
+    feats = log_mel(wav)
+    parts = ref["parts"]
+    messages = [{"role": "user", "content": "What is this sound?"}]
+    ids = thinker_ids(parts.tokenizer, parts.args, messages, [audio_token_count(feats.shape[1])])
+    run = reference_run(ref["torch"], ids, thinker_tokens=TOKENS, frames=AUDIO_FRAMES + 1,
+                        input_features=torch.tensor(feats)[None],
+                        feature_attention_mask=torch.ones((1, feats.shape[1]), dtype=torch.long))
+    frames, record, tokens = [], {}, []
+    for r in stream(parts, messages, audio=[(wav, 16000)], max_tokens=TOKENS,
+                    talker=talker_sampling(temperature=0.0, max_frames=AUDIO_FRAMES), frames_out=frames, record=record):
+        if r.token is not None:
+            tokens.append(r.token)
+    return dict(ids=ids, run=run, tokens=tokens, codes=np.stack(frames), loop=record["frames"])
+
+
+def test_audio_question_tokens_match(audio_case):
+    assert audio_case["ids"].count(151675) > 10  # the clip's audio tokens are in the prompt
+    assert audio_case["tokens"] == audio_case["run"]["tokens"]
+
+
+def test_talker_receives_the_audio_hidden_states(audio_case):
+    """At audio positions the talker reads hidden_projection(thinker state after accept_hidden_layer
+    layers): the part of the hand-off that a port can get wrong without any text-only test noticing."""
+    prompt = np.array(audio_case["loop"].prompt.embeddings[0])
+    want = audio_case["run"]["talker_embeds"]
+    assert prompt.shape == want.shape
+    assert rel_err(prompt, want) < 1e-5
+    np.testing.assert_array_equal(audio_case["codes"], audio_case["run"]["codes"])

@@ -98,7 +98,8 @@ def prepare(parts: OmniParts, messages: Sequence[dict], audio: Sequence[Any] = (
             raise MetalgenError("this model was loaded without its audio encoder")
         n_window = thinker.audio_tower.args.n_window
         for clip in audio:
-            feats = log_mel(load_audio_16k(clip))
+            wav = load_audio_16k(*clip) if isinstance(clip, tuple) else load_audio_16k(clip)
+            feats = log_mel(wav)
             encoded.append((audio_token_count(feats.shape[1], n_window), feats))
     counts = [n for n, _ in encoded]
     ids = thinker_ids(parts.tokenizer, args, messages, counts, **(template_kwargs or {}))
