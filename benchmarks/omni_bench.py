@@ -18,6 +18,7 @@ Random weights: the text is noise and the lengths are forced; the speed is the r
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -33,6 +34,18 @@ QUESTION = ("You are a friendly voice assistant. In two or three sentences, expl
             "and why sunsets are red, for a curious ten-year-old.")
 
 
+class _Stamped(list):
+    """A frames_out list that notes when each frame's codes reached the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.times = []
+
+    def append(self, item):
+        self.times.append(time.perf_counter())
+        super().append(item)
+
+
 def _timed(fn, runs: int):
     fn()  # warm-up: kernels built, caches sized
     times = []
@@ -46,7 +59,7 @@ def _timed(fn, runs: int):
 
 def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: float, dtype=None) -> dict:
     import metalgen.omni as omni
-    from metalgen.omni import generate as G
+    G = importlib.import_module("metalgen.omni.generate")  # the module (the package exports a function of that name)
     from metalgen.omni.prompt import TalkerText, assistant_start, talker_prompt
     from metalgen.sampling import make_sampler
 
@@ -139,8 +152,10 @@ def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: f
         try:
             t0 = time.perf_counter()
             samples, first = 0, None
+            record = {"logits": False}
+            stamps = _Stamped()
             for r in omni.stream(parts, messages, audio=audio, max_tokens=tokens, talker=sampling,
-                                 sampler=make_sampler(0.7, seed=0), seed=0):
+                                 sampler=make_sampler(0.7, seed=0), seed=0, record=record, frames_out=stamps):
                 if r.audio is not None and r.audio.size:
                     samples += r.audio.size
                     if first is None:
@@ -148,8 +163,10 @@ def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: f
             end = time.perf_counter()
         finally:
             G.prepare = original
-        return dict(wall=end - t0, prefill=marks["prefilled"] - t0, first_audio=first - marks["prefilled"],
-                    audio_s=samples / G.SAMPLE_RATE)
+        p = marks["prefilled"]
+        return dict(wall=end - t0, prefill=p - t0, first_audio=first - p, audio_s=samples / G.SAMPLE_RATE,
+                    talker_start=record["talker_start"] - p, first_frame=stamps.times[0] - p,
+                    fourth_frame=stamps.times[3] - p)
 
     walls = []
     reply()
@@ -157,7 +174,10 @@ def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: f
         walls.append(reply())
     r = sorted(walls, key=lambda x: x["wall"])[len(walls) // 2]
     row.update(reply_wall_s=round(r["wall"], 3), reply_prefill_ms=round(1000 * r["prefill"], 1),
-               first_audio_after_prefill_ms=round(1000 * r["first_audio"], 1), reply_audio_s=round(r["audio_s"], 2),
+               first_audio_after_prefill_ms=round(1000 * r["first_audio"], 1),
+               talker_start_after_prefill_ms=round(1000 * r["talker_start"], 1),
+               first_frame_after_prefill_ms=round(1000 * r["first_frame"], 1),
+               fourth_frame_after_prefill_ms=round(1000 * r["fourth_frame"], 1), reply_audio_s=round(r["audio_s"], 2),
                rtf=round(r["audio_s"] / r["wall"], 2))
     return row
 

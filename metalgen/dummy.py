@@ -147,6 +147,14 @@ def tokenizer_folder() -> Path:
     return Path(str(resources.files("metalgen") / "assets" / TOKENIZER_ASSET))
 
 
+def text_shapes() -> Dict[str, Dict[str, Any]]:
+    """Every shape a text model can be built from: SHAPES, and the Qwen3-Omni shapes (metalgen.omni.dummy),
+    whose thinker is a text model of its own (`model_type` qwen3_omni_moe)."""
+    from .omni.dummy import SHAPES as OMNI_SHAPES
+
+    return {**SHAPES, **OMNI_SHAPES}
+
+
 def parse_quantized(name: str) -> Tuple[str, int, int]:
     """'qwen3-8b-4bit' -> ('qwen3-8b', 4, 64); 'qwen3-8b-4bit-g32' -> ('qwen3-8b', 4, 32); no suffix ->
     bits 0. The group size defaults to mlx_lm.convert's 64; community conversions also use 32 and 128."""
@@ -155,8 +163,8 @@ def parse_quantized(name: str) -> Tuple[str, int, int]:
         base, bits, group = m.group(1), int(m.group(2)), int(m.group(3) or QUANT_GROUP_SIZE)
     else:
         base, bits, group = name, 0, 0
-    if base not in SHAPES:
-        raise MetalgenError(f"unknown dummy shape '{name}' (known: {', '.join(SHAPES)}; "
+    if base not in text_shapes():
+        raise MetalgenError(f"unknown dummy shape '{name}' (known: {', '.join(text_shapes())}; "
                             "any of them with -4bit or -8bit, and -g32 or -g128 for other group sizes)")
     return base, bits, group
 
@@ -169,7 +177,7 @@ def parse_shape(name: str) -> Tuple[str, int]:
 def dummy_config(shape: str) -> Dict[str, Any]:
     """The config of `dummy:<shape>`, with its MLX `quantization` entry for a -4bit / -8bit shape."""
     base, bits, group = parse_quantized(shape)
-    config = dict(SHAPES[base], eos_token_ids=list(_QWEN_EOS))
+    config = dict(text_shapes()[base], eos_token_ids=list(_QWEN_EOS))
     if bits:
         config["quantization"] = {"group_size": group, "bits": bits}
     return config

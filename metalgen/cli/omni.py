@@ -52,6 +52,15 @@ def add_parser(sub) -> None:
     p.add_argument("--verbose", action="store_true")
 
 
+def _open_wav(path: Path, rate: int):
+    import soundfile as sf
+
+    try:
+        return sf.SoundFile(str(path), "w", samplerate=rate, channels=1, subtype="PCM_16")
+    except RuntimeError as e:  # soundfile's errors for unwritable paths
+        raise MetalgenError(f"could not write {path}: {e}")
+
+
 def _messages(args) -> list:
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.audio_in and not (text and text.strip()):
@@ -72,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if args.image:
         raise MetalgenError("image input is not supported yet (the image encoder is not implemented); "
                             "ask with --prompt or --audio-in")
-    if args.list_speakers:
-        parts = omni.load(args.model, dtype=args.dtype, revision=args.revision, parts=("thinker", "talker"))
-        if parts.args.talker is None:
+    if args.list_speakers:  # the config's, without reading any weights
+        from ..omni.loading import load_args
+
+        talker = load_args(args.model, revision=args.revision).talker
+        if talker is None:
             raise MetalgenError(f"{args.model} has no talker: it answers in text only")
-        print("\n".join(sorted(parts.args.talker.speaker_id)))
+        print("\n".join(sorted(talker.speaker_id)))
         return 0
     messages = _messages(args)
     for path in args.audio_in:
@@ -102,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {args.model} has random weights; its text and speech are noise", file=sys.stderr)
     talker = None
     if want_audio:
+        omni.speaker_id(parts, args.speaker)  # an unknown speaker is refused before any work
         talker = omni.talker_sampling(parts.generation_config, temperature=args.talker_temp, top_k=args.talker_top_k,
                                       top_p=args.talker_top_p, repetition_penalty=args.talker_repetition_penalty,
                                       max_frames=args.max_frames)
@@ -116,10 +128,6 @@ def run(args: argparse.Namespace) -> int:
     samples, pieces, tokens, prompt_tokens = 0, [], 0, 0
     sink = None
     try:
-        if want_audio and args.stream:
-            import soundfile as sf
-
-            sink = sf.SoundFile(str(out), "w", samplerate=omni.SAMPLE_RATE, channels=1, subtype="PCM_16")
         for r in omni.stream(parts, messages, **options):
             if r.text:
                 if first_text is None:
@@ -132,20 +140,28 @@ def run(args: argparse.Namespace) -> int:
                 if first_audio is None:
                     first_audio = time.perf_counter() - tic
                 samples += r.audio.shape[0]
-                if sink is not None:
+                if args.stream:
+                    if sink is None:  # opened at the first audio: an error before it leaves no file
+                        sink = _open_wav(out, omni.SAMPLE_RATE)
                     sink.write(r.audio)
                     sink.flush()
                 else:
                     pieces.append(r.audio)
-    except RuntimeError as e:  # soundfile's errors for unwritable paths
-        raise MetalgenError(f"could not write {out}: {e}")
-    finally:
+    except BaseException:
+        # no partial WAV left behind, whatever stopped the reply (an error, Ctrl-C)
         if sink is not None:
             sink.close()
+            out.unlink(missing_ok=True)
+        raise
+    if sink is not None:
+        sink.close()
     sys.stdout.write("\n")
     elapsed = time.perf_counter() - tic
     if want_audio and sink is None:
-        omni.write_wav(out, np.concatenate(pieces) if pieces else np.zeros((0,), np.float32), omni.SAMPLE_RATE)
+        try:
+            omni.write_wav(out, np.concatenate(pieces) if pieces else np.zeros((0,), np.float32), omni.SAMPLE_RATE)
+        except RuntimeError as e:  # soundfile's errors for unwritable paths
+            raise MetalgenError(f"could not write {out}: {e}")
     report = f"{prompt_tokens} prompt tokens, {tokens} text tokens in {elapsed:.2f} s"
     if first_text is not None:
         report += f"; first text after {first_text:.2f} s"

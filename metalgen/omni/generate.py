@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, List, Optional, Sequence
 
@@ -72,6 +73,17 @@ def speaker_id(parts: OmniParts, speaker: Optional[str]) -> int:
     return sid
 
 
+def _clips(audio) -> list:
+    """`audio` as a list of clips; a lone clip (a path, an array, or an (array, rate) pair) is one
+    clip, not a sequence of them (iterating it would take each character or sample for a clip)."""
+    if audio is None:
+        return []
+    if isinstance(audio, (str, Path, np.ndarray)) or (
+            isinstance(audio, tuple) and len(audio) == 2 and isinstance(audio[1], (int, np.integer))):
+        return [audio]
+    return list(audio)
+
+
 @dataclasses.dataclass
 class Prepared:
     """A conversation ready for the thinker's decode: ids, the thinker's input embeddings, the
@@ -93,6 +105,7 @@ def prepare(parts: OmniParts, messages: Sequence[dict], audio: Sequence[Any] = (
     model, args = parts.model, parts.args
     thinker = model.thinker
     encoded = []
+    audio = _clips(audio)
     if audio:
         if "audio_tower" not in thinker:
             raise MetalgenError("this model was loaded without its audio encoder")
@@ -210,13 +223,14 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
            frames_out: Optional[list] = None, record=None) -> Iterator[OmniResponse]:
     """Answer a conversation in text and speech, piece by piece.
 
-    messages: chat messages ({"role", "content"}); `audio`: WAV paths or (array, rate) clips placed
-    at the start of the last user turn. The thinker samples with `sampler` (greedy by default), the
-    talker with `talker` (metalgen.omni.talker_sampling's defaults). Audio is decoded `first_chunk`
-    frames first, doubling up to `chunk_frames` (None: chunks of `chunk_frames` from the start, which
-    equals transformers' chunked decode), with `left_context` frames of context. `gapless` fills each
-    chunk's first 555 samples (the decoder's transposed convolutions trim them) from the left context;
-    transformers' chunked decode leaves them out, a 23 ms hole at every chunk boundary (False: as it does).
+    messages: chat messages ({"role", "content"}); `audio`: WAV paths or (array, rate) clips (or one
+    such clip) placed at the start of the last user turn. The thinker samples with `sampler` (greedy
+    by default), the talker with `talker` (metalgen.omni.talker_sampling's defaults). Audio is
+    decoded `first_chunk` frames first, doubling up to `chunk_frames` (None: chunks of `chunk_frames`
+    from the start, which equals transformers' chunked decode), with `left_context` frames of
+    context. `gapless` fills each chunk's first 555 samples (the decoder's transposed convolutions
+    trim them) from the left context; transformers' chunked decode leaves them out, a 23 ms hole at
+    every chunk boundary (False: as it does).
     frames_out: a list that receives each frame's codes (16,) as they come; record: a dict that
     receives the frame loop (its recorded logits) when given.
     """

@@ -42,6 +42,16 @@ def omni_args(config: Dict[str, Any], where: str) -> OmniArgs:
     return OmniArgs.from_dict(config)
 
 
+def load_args(path_or_id: str, revision: Optional[str] = None) -> OmniArgs:
+    """A checkpoint's OmniArgs from its config.json alone: no weights are read."""
+    if path_or_id.startswith("dummy:"):
+        from .dummy import dummy_config
+
+        return OmniArgs.from_dict(dummy_config(path_or_id[len("dummy:"):]))
+    folder = resolve_model_path(path_or_id, revision)
+    return omni_args(read_config(folder), str(folder))
+
+
 def keep_audio_float32(model: Model) -> None:
     """Code2Wav in float32 whatever the rest is: its output is the waveform itself."""
     if "code2wav" in model:

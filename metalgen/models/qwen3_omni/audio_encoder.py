@@ -189,7 +189,20 @@ class AudioEncoder(nn.Module):
         if t > a.max_source_positions:
             raise MetalgenError(f"audio chunk of {t} tokens exceeds max_source_positions {a.max_source_positions}")
         positions = mx.array(sinusoids(t, a.d_model))  # (t, D): restarting at 0 in every chunk
-        parts, queued = [], None
+        # A long clip is evaluated as it goes, one step (a conv group, later an encoder layer)
+        # queued behind the running one, as DecoderModel's layer_by_layer does: a single graph
+        # would keep every step's temporaries alive until the device reaches them.
+        stepwise = n_chunks > group
+        queued = None
+
+        def step(arr: mx.array) -> None:
+            nonlocal queued
+            mx.async_eval(arr)
+            if queued is not None:
+                mx.eval(queued)
+            queued = arr
+
+        parts = []
         for start in range(0, n_chunks, group):
             h = x[start : start + group]
             for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
@@ -199,13 +212,8 @@ class AudioEncoder(nn.Module):
             g, f, _, c = h.shape
             h = self.conv_out(h.transpose(0, 2, 3, 1).reshape(g, t, c * f))  # (g, t, D)
             parts.append(h + positions.astype(h.dtype))
-            if n_chunks > group:
-                # a long clip: one group queued behind the running one (as DecoderModel's
-                # layer_by_layer), so that only their conv temporaries are alive, not every group's
-                mx.async_eval(parts[-1])
-                if queued is not None:
-                    mx.eval(queued)
-                queued = parts[-1]
+            if stepwise:
+                step(parts[-1])
         h = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # (n_chunks, t, D)
 
         # the valid tokens: every time' of the full chunks, the first _after_convs(rest) of a short
@@ -220,6 +228,8 @@ class AudioEncoder(nn.Module):
         window = t * (a.n_window_infer // chunk)
         for layer in self.layers:
             h = layer(h, window)
+            if stepwise:
+                step(h)
         h = self.proj1(self.ln_post(h))
         return self.proj2(nn.gelu(h))
 
