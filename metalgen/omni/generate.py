@@ -118,7 +118,12 @@ def prepare(parts: OmniParts, messages: Sequence[dict], audio: Sequence[Any] = (
     ids = thinker_ids(parts.tokenizer, args, messages, counts, **(template_kwargs or {}))
     context = thinker.spec.max_position_embeddings
     if len(ids) >= context:
-        raise MetalgenError(f"the prompt has {len(ids)} tokens, past the model's context of {context}")
+        audio_part = ""
+        if counts:
+            # 13 tokens a second of audio: say how much audio fits, the usual reason for a long prompt
+            seconds = sum(f.shape[1] for _, f in encoded) / 100
+            audio_part = f" ({sum(counts)} of them for {seconds:.0f} s of audio; about 13 a second)"
+        raise MetalgenError(f"the prompt has {len(ids)} tokens{audio_part}, past the model's context of {context}")
 
     embeddings = thinker.embed(mx.array([ids], dtype=mx.int32))
     if encoded:
@@ -232,7 +237,8 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
     trim them) from the left context; transformers' chunked decode leaves them out, a 23 ms hole at
     every chunk boundary (False: as it does).
     frames_out: a list that receives each frame's codes (16,) as they come; record: a dict that
-    receives the frame loop (its recorded logits) when given.
+    receives the frame loop (with its recorded logits unless record["logits"] is False) and the
+    time the talker started (`talker_start`, perf_counter seconds).
     """
     model, args = parts.model, parts.args
     want_audio = bool(return_audio)
@@ -264,9 +270,10 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
         return
     embeddings = talker_prompt(model.talker, args, prep.ids, prep.embeddings, prep.tapped, text, sid)
     frames = OmniFrames(model.talker, args, embeddings, text, thinker.pull, talker, seed=seed,
-                        record_logits=record is not None, decode=decode)
+                        record_logits=record is not None and record.get("logits", True), decode=decode)
     if record is not None:
         record["frames"] = frames
+        record["talker_start"] = time.perf_counter()
     decoder = model.code2wav.stream(first_chunk=first_chunk, chunk=chunk_frames, left_context=left_context,
                                     gapless=gapless)
     count = 0
