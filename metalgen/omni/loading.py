@@ -9,7 +9,6 @@ tensors are skipped.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 import mlx.core as mx

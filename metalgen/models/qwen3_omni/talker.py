@@ -13,7 +13,6 @@ either. Models return hidden states or logits; sampling and prompts live in meta
 
 from __future__ import annotations
 
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
