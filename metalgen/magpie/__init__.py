@@ -1,0 +1,1 @@
+"""Magpie TTS (NeMo MagpieTTSModel + NanoCodec): checkpoint reading, loading and synthesis."""

@@ -1,0 +1,1 @@
+"""Magpie TTS model modules: the NanoCodec decoder and the Magpie transformer stacks."""

@@ -1,0 +1,400 @@
+"""NanoCodec's decoding half: Magpie's codes (B, 8, T) -> waveform (B, T * samples_per_frame).
+
+NeMo's `AudioCodecModel.decode` (nemo/collections/tts/models/audio_codec.py) is
+`dequantize` (GroupFiniteScalarQuantizer.decode) then `audio_decoder` (CausalHiFiGANDecoder,
+nemo/collections/tts/modules/audio_codec_modules.py):
+
+    codes (B, G, T) -> FSQ digits per group -> latent (B, T, G * D)
+    -> pre_conv (causal conv, k=7)
+    -> per up-sample rate r: activation, grouped causal transposed conv (k=2r, stride r, channels
+       halved), res layer (the mean of one HiFiGANResBlock per kernel size, each a chain of
+       residual blocks over the dilations)
+    -> activation -> post_conv (causal conv to 1 channel) -> tanh or clamp
+
+Layout is MLX's (B, T, C) throughout. Module attributes follow the checkpoint keys under
+`audio_decoder.`; `load_codec` folds the weight-norm parametrizations, converts PyTorch's conv
+layouts and drops the encoder, discriminator and quantizer buffers (those are checked against
+the config: the FSQ has no learned weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Dict, List, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ...errors import MetalgenError
+from ..qwen3_tts.speech_decoder import CausalConv, conv_transpose1d_gemm
+
+_ACTIVATIONS = ("lrelu", "elu", "snake", "half_snake")
+_OUTPUT_ACTIVATIONS = ("tanh", "clamp")
+# torch.nn.LeakyReLU's default slope, which CodecActivation and HalfSnake use.
+_LRELU_SLOPE = 0.01
+
+
+@dataclass
+class NanoCodecArgs:
+    """The decoding side of a NeMo AudioCodecModel config (its `model_config.yaml`)."""
+
+    sample_rate: int = 22050
+    samples_per_frame: int = 1024
+    num_groups: int = 8
+    num_levels_per_group: List[int] = field(default_factory=lambda: [8, 7, 6, 6])
+    input_dim: int = 32
+    # The defaults below are CausalHiFiGANDecoder's own, used when the config leaves them out.
+    up_sample_rates: List[int] = field(default_factory=lambda: [8, 8, 2, 2])
+    base_channels: int = 512
+    in_kernel_size: int = 7
+    out_kernel_size: int = 3
+    resblock_kernel_sizes: List[int] = field(default_factory=lambda: [3, 7, 11])
+    resblock_dilation_sizes: List[int] = field(default_factory=lambda: [1, 3, 5])
+    activation: str = "lrelu"
+    output_activation: str = "tanh"
+    n_groups_equal_to_out_channels: bool = True
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.num_groups
+
+    @property
+    def codebook_size(self) -> int:
+        return math.prod(self.num_levels_per_group)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "NanoCodecArgs":
+        """From the codec's whole model config (as `read_nemo` returns it). Refuses quantizers,
+        decoders and activations this module does not implement, with a one-line error."""
+        vq = cfg.get("vector_quantizer") or {}
+        dec = cfg.get("audio_decoder") or {}
+        vq_target = str(vq.get("_target_", ""))
+        dec_target = str(dec.get("_target_", ""))
+        if not vq_target.endswith(".GroupFiniteScalarQuantizer"):
+            raise MetalgenError(
+                f"unsupported codec quantizer '{vq_target or 'none'}' (GroupFiniteScalarQuantizer only)"
+            )
+        if not dec_target.endswith(".CausalHiFiGANDecoder"):
+            raise MetalgenError(f"unsupported codec decoder '{dec_target or 'none'}' (CausalHiFiGANDecoder only)")
+        args = cls(
+            sample_rate=int(cfg.get("sample_rate", cls.sample_rate)),
+            samples_per_frame=int(cfg.get("samples_per_frame", cls.samples_per_frame)),
+            num_groups=int(vq["num_groups"]),
+            num_levels_per_group=[int(v) for v in vq["num_levels_per_group"]],
+        )
+        for name in ("input_dim", "base_channels", "in_kernel_size", "out_kernel_size"):
+            if name in dec:
+                setattr(args, name, int(dec[name]))
+        for name in ("up_sample_rates", "resblock_kernel_sizes", "resblock_dilation_sizes"):
+            if name in dec:
+                setattr(args, name, [int(v) for v in dec[name]])
+        for name in ("activation", "output_activation"):
+            if name in dec:
+                setattr(args, name, str(dec[name]).lower())
+        if "n_groups_equal_to_out_channels" in dec:
+            args.n_groups_equal_to_out_channels = bool(dec["n_groups_equal_to_out_channels"])
+        # `pad_mode` only reaches nn.Conv1d's own padding, which CausalConv1dNorm leaves at 0 (it
+        # pads with zeros itself), so it changes nothing and is not read.
+        if args.activation not in _ACTIVATIONS:
+            raise MetalgenError(f"unsupported codec activation '{args.activation}' (one of {', '.join(_ACTIVATIONS)})")
+        if args.output_activation not in _OUTPUT_ACTIVATIONS:
+            raise MetalgenError(f"unsupported codec output activation '{args.output_activation}'")
+        latent = args.num_groups * len(args.num_levels_per_group)
+        if latent != args.input_dim:
+            raise MetalgenError(f"codec quantizer gives {latent} latent dims but the decoder takes {args.input_dim}")
+        return args
+
+
+@partial(mx.compile, shapeless=True)
+def snake(x: mx.array, alpha: mx.array) -> mx.array:
+    """x + sin(alpha x)^2 / (alpha + 1e-9), with the raw alpha (NeMo's Snake; no exp, unlike
+    Qwen's SnakeBeta). Compiled into one kernel over the decoder's largest activations."""
+    return x + (1.0 / (alpha + 1e-9)) * mx.square(mx.sin(alpha * x))
+
+
+class Snake(nn.Module):
+    """NeMo's Snake: one raw alpha per channel (checkpoint (1, C, 1), stored flat)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = mx.ones((channels,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return snake(x, self.alpha)
+
+
+class HalfSnake(nn.Module):
+    """Snake on the first channels // 2 channels, LeakyReLU(0.01) on the rest."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.snake_channels = channels // 2
+        self.snake_act = Snake(self.snake_channels)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = self.snake_channels
+        return mx.concatenate([self.snake_act(x[..., :h]), nn.leaky_relu(x[..., h:], _LRELU_SLOPE)], axis=-1)
+
+
+class CodecActivation(nn.Module):
+    """NeMo's CodecActivation: the parameterized kinds sit under `.activation` as in the
+    checkpoint (`activation.alpha`, `activation.snake_act.alpha`); lrelu and elu have none."""
+
+    def __init__(self, kind: str, channels: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "snake":
+            self.activation = Snake(channels)
+        elif kind == "half_snake":
+            self.activation = HalfSnake(channels)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.kind == "lrelu":
+            return nn.leaky_relu(x, _LRELU_SLOPE)
+        if self.kind == "elu":
+            return nn.elu(x)
+        return self.activation(x)
+
+
+class _Weights(nn.Module):
+    """A conv's weight and bias, under the `conv.` name the checkpoint gives them."""
+
+    def __init__(self, weight_shape, channels: int):
+        super().__init__()
+        self.weight = mx.zeros(weight_shape)
+        self.bias = mx.zeros((channels,))
+
+
+def grouped_conv_transpose1d(x: mx.array, weight: mx.array, bias, stride: int) -> mx.array:
+    """ConvTranspose1d without padding, any group count: (B, T, Cin) -> (B, (T-1)*stride + k, Cout).
+
+    `weight` is (Cout, k, Cin / groups), MLX's grouped layout. Ungrouped, it is the existing
+    GEMM form. Grouped (NanoCodec: one output channel per group of two inputs), a GEMM per group
+    would be a 2-wide product, so each group's taps are a broadcast multiply and sum instead, then
+    the k taps are overlap-added stride by stride."""
+    cout, k, cin_g = weight.shape
+    B, T, cin = x.shape
+    groups = cin // cin_g
+    if groups == 1:
+        return conv_transpose1d_gemm(x, weight, bias, stride)
+    cout_g = cout // groups
+    # y[b, t, g, o, p] = sum_i x[b, t, g, i] * w[g, o, p, i]
+    y = (x.reshape(B, T, groups, 1, 1, cin_g) * weight.reshape(groups, cout_g, k, cin_g)).sum(-1)
+    m = -(-k // stride)
+    y = y.reshape(B, T, cout, k)
+    if m * stride != k:
+        y = mx.pad(y, [(0, 0), (0, 0), (0, 0), (0, m * stride - k)])
+    # (B, T, m, stride, Cout): tap block i of frame t lands at output frame t + i.
+    y = y.reshape(B, T, cout, m, stride).transpose(0, 1, 3, 4, 2)
+    out = None
+    for i in range(m):
+        part = mx.pad(y[:, :, i], [(0, 0), (i, m - 1 - i), (0, 0), (0, 0)])
+        out = part if out is None else out + part
+    out = out.reshape(B, (T + m - 1) * stride, cout)[:, : (T - 1) * stride + k]
+    return out if bias is None else out + bias
+
+
+class CausalConvTranspose1dNorm(nn.Module):
+    """Transposed conv with all (k - stride) overhanging samples cut on the right (NeMo's
+    trim_right_ratio 1): T frames -> T * stride samples, and no output depends on a later frame."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, groups: int):
+        super().__init__()
+        self.conv = _Weights((cout, kernel, cin // groups), cout)
+        self.stride = stride
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = grouped_conv_transpose1d(x, self.conv.weight, self.conv.bias, self.stride)
+        return y[:, : x.shape[1] * self.stride]
+
+
+class ResidualBlock(nn.Module):
+    """x + skip_conv(act(input_conv(act(x)))), both convs causal; only input_conv is dilated."""
+
+    def __init__(self, channels: int, kernel: int, dilation: int, activation: str):
+        super().__init__()
+        self.input_activation = CodecActivation(activation, channels)
+        self.input_conv = CausalConv(channels, channels, kernel, dilation=dilation)
+        self.skip_activation = CodecActivation(activation, channels)
+        self.skip_conv = CausalConv(channels, channels, kernel)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = self.input_conv(self.input_activation(x))
+        return x + self.skip_conv(self.skip_activation(h))
+
+
+class HiFiGANResBlock(nn.Module):
+    """One kernel size: residual blocks chained over the dilations."""
+
+    def __init__(self, channels: int, kernel: int, dilations: List[int], activation: str):
+        super().__init__()
+        self.res_blocks = [ResidualBlock(channels, kernel, d, activation) for d in dilations]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for block in self.res_blocks:
+            x = block(x)
+        return x
+
+
+class HiFiGANResLayer(nn.Module):
+    """The mean of one HiFiGANResBlock per kernel size, all fed the same input."""
+
+    def __init__(self, channels: int, kernels: List[int], dilations: List[int], activation: str):
+        super().__init__()
+        self.res_blocks = [HiFiGANResBlock(channels, k, dilations, activation) for k in kernels]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        out = None
+        for block in self.res_blocks:
+            y = block(x)
+            out = y if out is None else out + y
+        return out / len(self.res_blocks)
+
+
+class CausalHiFiGANDecoder(nn.Module):
+    """latent (B, T, input_dim) -> waveform (B, T * prod(up_sample_rates))."""
+
+    def __init__(self, args: NanoCodecArgs):
+        super().__init__()
+        self.pre_conv = CausalConv(args.input_dim, args.base_channels, args.in_kernel_size)
+        self.activations = []
+        self.up_sample_conv_layers = []
+        self.res_layers = []
+        channels = args.base_channels
+        for rate in args.up_sample_rates:
+            out = channels // 2
+            groups = out if args.n_groups_equal_to_out_channels else 1
+            self.activations.append(CodecActivation(args.activation, channels))
+            self.up_sample_conv_layers.append(CausalConvTranspose1dNorm(channels, out, 2 * rate, rate, groups))
+            self.res_layers.append(
+                HiFiGANResLayer(out, args.resblock_kernel_sizes, args.resblock_dilation_sizes, args.activation)
+            )
+            channels = out
+        self.post_activation = CodecActivation(args.activation, channels)
+        self.post_conv = CausalConv(channels, 1, args.out_kernel_size)
+        self.output_activation = args.output_activation
+
+    def __call__(self, latent: mx.array) -> mx.array:
+        x = self.pre_conv(latent)
+        for act, up, res in zip(self.activations, self.up_sample_conv_layers, self.res_layers):
+            x = res(up(act(x)))
+        x = self.post_conv(self.post_activation(x))[..., 0]
+        return mx.tanh(x) if self.output_activation == "tanh" else mx.clip(x, -1.0, 1.0)
+
+
+class NanoCodec(nn.Module):
+    """NanoCodec's decoder: FSQ dequantization and the causal HiFi-GAN decoder."""
+
+    def __init__(self, args: NanoCodecArgs):
+        super().__init__()
+        self.args = args
+        self.audio_decoder = CausalHiFiGANDecoder(args)
+        levels = args.num_levels_per_group
+        # Underscored: kept out of parameters(). The digit of level d is (code // base_d) % L_d.
+        self._levels = mx.array(levels, dtype=mx.int32)
+        self._base = mx.array(np.cumprod([1] + levels[:-1]), dtype=mx.int32)
+
+    def _latent(self, codes: mx.array) -> mx.array:
+        """codes (B, G, T) -> latent (B, T, G * D), group g in dims [g*D, (g+1)*D)."""
+        if codes.ndim != 3 or codes.shape[1] != self.args.num_codebooks:
+            raise MetalgenError(
+                f"codec codes must be (batch, {self.args.num_codebooks}, frames), got {tuple(codes.shape)}"
+            )
+        B, G, T = codes.shape
+        # NeMo's arithmetic, not a table lookup: it is as cheap, and gives what NeMo gives even
+        # for an out-of-range code instead of an out-of-bounds read.
+        digits = (codes.astype(mx.int32)[..., None] // self._base) % self._levels  # (B, G, T, D)
+        half = self._levels // 2
+        values = (digits - half).astype(mx.float32) / half.astype(mx.float32)
+        return values.transpose(0, 2, 1, 3).reshape(B, T, G * len(self.args.num_levels_per_group))
+
+    def dequantize(self, codes: mx.array) -> mx.array:
+        """codes (B, G, T) int -> latent (B, G * D, T) float32, NeMo's layout and values."""
+        return self._latent(codes).transpose(0, 2, 1)
+
+    def decode(self, codes: mx.array) -> mx.array:
+        """codes (B, G, T) int -> waveform (B, T * samples_per_frame) float32 in [-1, 1]."""
+        return self.audio_decoder(self._latent(codes))
+
+    def __call__(self, codes: mx.array) -> mx.array:
+        return self.decode(codes)
+
+
+def _fold_weight_norm(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """W = g * v / ||v||, the norm over every axis but 0, for both of torch's spellings:
+    `parametrizations.weight.original0/1` (torch.nn.utils.parametrizations.weight_norm) and
+    `weight_g` / `weight_v` (the older torch.nn.utils.weight_norm)."""
+    out = {}
+    pairs = {}
+    for key, value in weights.items():
+        for g_suffix, v_suffix in ((".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+                                   (".weight_g", ".weight_v")):
+            if key.endswith(g_suffix):
+                pairs.setdefault(key[: -len(g_suffix)], {})["g"] = (key, value)
+                break
+            if key.endswith(v_suffix):
+                pairs.setdefault(key[: -len(v_suffix)], {})["v"] = (key, value)
+                break
+        else:
+            out[key] = value
+    for prefix, pair in pairs.items():
+        if set(pair) != {"g", "v"}:
+            (key, _), = pair.values()
+            raise MetalgenError(f"weight-norm tensor '{key}' has no partner")
+        g = np.asarray(pair["g"][1], np.float32)
+        v = np.asarray(pair["v"][1], np.float32)
+        norm = np.sqrt(np.square(v).sum(axis=tuple(range(1, v.ndim)), keepdims=True))
+        out[prefix + ".weight"] = v * (g / norm)
+    return out
+
+
+def sanitize(args: NanoCodecArgs, weights: Dict[str, np.ndarray], source: str) -> Dict[str, mx.array]:
+    """A codec checkpoint's state dict -> NanoCodec's parameters: decoder tensors only, weight norm
+    folded, convs in MLX layout, activations' alpha (1, C, 1) flattened. The quantizer's buffers
+    must agree with the config."""
+    levels = np.array(args.num_levels_per_group)
+    base = np.cumprod([1] + args.num_levels_per_group[:-1])
+    for g in range(args.num_groups):
+        for name, want in (("num_levels", levels), ("dim_base_index", base)):
+            key = f"vector_quantizer.fsqs.{g}.{name}"
+            if key in weights and not np.array_equal(np.asarray(weights[key]).reshape(-1), want):
+                raise MetalgenError(f"tensor '{key}' in {source} disagrees with the config's levels {list(levels)}")
+    decoder = {k: v for k, v in weights.items() if k.startswith("audio_decoder.")}
+    out = {}
+    for key, value in _fold_weight_norm(decoder).items():
+        value = np.asarray(value, np.float32)
+        if key.endswith(".alpha"):
+            value = value.reshape(-1)
+        elif value.ndim == 3 and ".up_sample_conv_layers." in key:
+            # torch ConvTranspose1d (Cin, Cout/groups, k) -> (Cout, k, Cin/groups): input channel
+            # g*ci + i and output o of group g become output g*co + o, input i.
+            cin, cout_g, k = value.shape
+            groups = cin // 2 if args.n_groups_equal_to_out_channels else 1  # CausalHiFiGANDecoder's rule
+            value = value.reshape(groups, cin // groups, cout_g, k).transpose(0, 2, 3, 1)
+            value = value.reshape(groups * cout_g, k, cin // groups)
+        elif value.ndim == 3:
+            value = value.transpose(0, 2, 1)  # torch Conv1d (out, in, k) -> (out, k, in)
+        out[key] = mx.array(value)
+    return out
+
+
+def load_codec(path: Union[str, Path]) -> NanoCodec:
+    """A NanoCodec `.nemo` -> NanoCodec with its decoder weights, checked strictly (every missing,
+    unexpected or misshapen tensor is a one-line MetalgenError naming it and the file)."""
+    # Late imports: the checkpoint reader and the strict check live above the model layer.
+    from ...loading import check_weights
+    from ...magpie.nemo_file import read_nemo
+
+    path = Path(path)
+    config, weights = read_nemo(path)
+    args = NanoCodecArgs.from_config(config)
+    codec = NanoCodec(args)
+    params = sanitize(args, weights, str(path))
+    check_weights(codec, params, {k: str(path) for k in params}, path)
+    codec.load_weights(list(params.items()), strict=True)
+    mx.eval(codec.parameters())
+    return codec
