@@ -10,15 +10,13 @@ import shutil
 import numpy as np
 import pytest
 
-from magpie_ref.harness import reference_dump
+from magpie_ref.harness import reference_folder
 from metalgen.errors import MetalgenError
 
 
 @pytest.fixture(scope="module")
 def ref():
-    folder, why = reference_dump()
-    if folder is None:
-        pytest.skip(why)
+    folder = reference_folder()
     from metalgen import magpie
 
     meta = json.loads((folder / "magpie.json").read_text())

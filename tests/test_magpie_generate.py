@@ -5,30 +5,15 @@ until `bash tests/magpie_ref/setup_venv.sh` has been run."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from magpie_ref.harness import reference_dump
+from magpie_ref.harness import reference_folder, reference_model
 
 
 @pytest.fixture(scope="module")
 def ref():
-    folder, why = reference_dump()
-    if folder is None:
-        pytest.skip(why)
-    from metalgen.magpie.nemo_file import read_nemo
-    from metalgen.models.magpie.model import Model
-
-    cfg, weights = read_nemo(folder / "magpie.nemo")
-    meta = json.loads((folder / "magpie.json").read_text())
-    return dict(
-        npz=np.load(folder / "magpie.npz"),
-        meta=meta,
-        cfg=cfg,
-        model=Model.from_weights(cfg, weights, source=str(folder / "magpie.nemo")),
-    )
+    return reference_model(reference_folder())
 
 
 def _sampling(ref, **kw):

@@ -5,37 +5,17 @@ rows), final_proj and teacher-forced local-transformer logits. Skipped, with the
 
 from __future__ import annotations
 
-import json
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from magpie_ref.harness import reference_dump
-
-
-def load_nemo(path):
-    """(config dict, {key: numpy array}) of a .nemo, torch-free."""
-    from metalgen.magpie.nemo_file import read_nemo
-
-    return read_nemo(path)
+from magpie_ref.harness import reference_folder, reference_model
 
 
 @pytest.fixture(scope="module")
 def ref():
-    folder, why = reference_dump()
-    if folder is None:
-        pytest.skip(why)
-    from metalgen.models.magpie.model import Model
-
-    cfg, weights = load_nemo(folder / "magpie.nemo")
-    return dict(
-        npz=np.load(folder / "magpie.npz"),
-        meta=json.loads((folder / "magpie.json").read_text()),
-        cfg=cfg,
-        weights=weights,
-        model=Model.from_weights(cfg, weights, source=str(folder / "magpie.nemo")),
-    )
+    return reference_model(reference_folder())
 
 
 def rel_err(got, want) -> float:

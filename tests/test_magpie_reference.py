@@ -10,14 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from magpie_ref.harness import reference_dump
+from magpie_ref.harness import reference_folder
 
 
 @pytest.fixture(scope="module")
 def ref():
-    folder, why = reference_dump()
-    if folder is None:
-        pytest.skip(why)
+    folder = reference_folder()
     return folder
 
 

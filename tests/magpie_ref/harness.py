@@ -8,12 +8,11 @@ builds the venv. Outputs are cached in tests/magpie_ref/.venv/refcache/<hash of 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Tuple, Union
+
+from reference_cache import cached_dump
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
@@ -37,28 +36,29 @@ def reference_dump() -> Tuple[Union[Path, None], str]:
         failed = VENV / "FAILED"
         why = failed.read_text().strip() if failed.exists() else "it has not been created"
         return None, f"no Magpie reference venv ({why}); {HOW}"
-    key = hashlib.sha1(SCRIPT.read_bytes()).hexdigest()[:12]
-    cache = VENV / "refcache"
-    out = cache / key
-    if (out / MARKER).exists():
-        return out, ""
-    # Written to a private folder and renamed into place, so concurrent test runs never read a
-    # half-written dump; dumps of older script versions are removed.
-    tmp = cache / f"{key}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    proc = subprocess.run(
-        [str(py), str(SCRIPT), str(tmp)], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"},
-    )
-    if proc.returncode != 0 or not (tmp / MARKER).exists():
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise RuntimeError("make_reference.py failed in the Magpie venv:\n" + "\n".join(tail))
-    try:
-        os.rename(tmp, out)
-    except OSError:  # another run got there first
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in cache.iterdir():
-        if old.name != key and ".tmp" not in old.name:
-            shutil.rmtree(old, ignore_errors=True)
-    return out, ""
+    return cached_dump(VENV, SCRIPT, MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"}), ""
+
+
+def reference_folder() -> Path:
+    """The dump's folder, or the calling test skipped with the reason it is missing."""
+    import pytest
+
+    folder, why = reference_dump()
+    if folder is None:
+        pytest.skip(why)
+    return folder
+
+
+def reference_model(folder: Path) -> dict:
+    """The dump's arrays (`npz`), magpie.json (`meta`), the .nemo's config and weights, and our Model
+    loaded from them: what the model and generation tests start from."""
+    import json
+
+    import numpy as np
+
+    from metalgen.magpie.nemo_file import read_nemo
+    from metalgen.models.magpie.model import Model
+
+    cfg, weights = read_nemo(folder / "magpie.nemo")
+    return dict(npz=np.load(folder / "magpie.npz"), meta=json.loads((folder / "magpie.json").read_text()),
+                cfg=cfg, weights=weights, model=Model.from_weights(cfg, weights, source=str(folder / "magpie.nemo")))
