@@ -23,8 +23,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import MetalgenError
-from ..base import BaseModelArgs
 from ..decoder import DecoderSpec, spec_from_args
+from ..qwen3_tts.config import SpeechDecoderArgs
 from ..qwen3_tts.speech_decoder import (
     PreTransformer,
     StreamingDecoder,
@@ -37,31 +37,16 @@ from ..qwen3_tts.speech_decoder import (
 
 
 @dataclasses.dataclass
-class Code2WavArgs(BaseModelArgs):
-    """config.json -> `code2wav_config` (Hugging Face's Qwen3OmniMoeCode2WavConfig names).
+class Code2WavArgs(SpeechDecoderArgs):
+    """config.json -> `code2wav_config` (Hugging Face's Qwen3OmniMoeCode2WavConfig names): the fields
+    and defaults of Qwen3-TTS's speech decoder, whose pieces Code2Wav is built from; its
+    `codebook_dim` and `latent_dim` go unused (no split quantizer, no projections).
 
     RoPE comes from `rope_parameters` (what transformers 5 writes) or the older `rope_theta`;
     `layer_scale_initial_scale` only initializes weights that loading replaces."""
 
-    codebook_size: int = 2048
-    hidden_size: int = 1024
-    max_position_embeddings: int = 8000
-    rope_theta: float = 10000.0
     rope_parameters: Optional[Dict[str, Any]] = None
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 16
-    head_dim: Optional[int] = None
-    attention_bias: bool = False
-    sliding_window: int = 72
-    intermediate_size: int = 3072
-    hidden_act: str = "silu"
     layer_scale_initial_scale: float = 0.01
-    rms_norm_eps: float = 1e-5
-    num_hidden_layers: int = 8
-    num_quantizers: int = 16
-    upsample_rates: tuple = (8, 5, 4, 3)
-    upsampling_ratios: tuple = (2, 2)
-    decoder_dim: int = 1536
 
     def to_spec(self) -> DecoderSpec:
         """The pre-transformer's shape as the shared decoder's DecoderSpec."""
@@ -71,14 +56,6 @@ class Code2WavArgs(BaseModelArgs):
         if self.hidden_act != "silu":
             raise MetalgenError(f"Code2Wav activation '{self.hidden_act}' is not supported (only silu)")
         return spec_from_args(self, vocab_size=0)
-
-    @property
-    def total_upsample(self) -> int:
-        """Samples per frame before the start trim (1920 at 24 kHz, 12.5 frames a second)."""
-        n = 1
-        for r in tuple(self.upsample_rates) + tuple(self.upsampling_ratios):
-            n *= int(r)
-        return n
 
     @property
     def start_trim(self) -> int:
