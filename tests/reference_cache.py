@@ -1,6 +1,6 @@
 """The cached run of a reference script in its own venv, shared by tests/qwen_tts_ref and tests/magpie_ref.
 
-The script writes its dump into a folder; the dump is kept in `<venv>/refcache/<hash of the script>/`
+The script writes its dump into a folder; the dump is kept in `<venv>/refcache/<script name>/<hash of the script>/`
 (git-ignored), so a rerun costs nothing and an edited script makes a fresh one.
 """
 
@@ -19,12 +19,15 @@ def cached_dump(venv: Path, script: Path, marker: str, what: str, env: Dict[str,
     with `marker` in it; return the dump's folder. `what` names the venv in the error of a failed run;
     `env` is added to the environment."""
     key = hashlib.sha1(script.read_bytes()).hexdigest()[:12]
-    cache = venv / "refcache"
+    # One folder per script, so several reference scripts can share a venv without removing
+    # each other's dumps.
+    cache = venv / "refcache" / script.stem
     out = cache / key
     if (out / marker).exists():
         return out
     # Written to a private folder and renamed into place, so concurrent test runs never read
     # a half-written dump; dumps of older script versions are removed.
+    cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"{key}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     proc = subprocess.run(

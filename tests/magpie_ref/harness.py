@@ -2,7 +2,7 @@
 
 The venv is made by tests/magpie_ref/setup_venv.sh, which CI does NOT run (nemo-toolkit and its
 dependencies take minutes to install): tests skip until a developer has run it. Nothing here
-builds the venv. Outputs are cached in tests/magpie_ref/.venv/refcache/<hash of the script>/
+builds the venv. Outputs are cached in tests/magpie_ref/.venv/refcache/<script name>/<hash of the script>/
 (git-ignored), so a rerun costs nothing. METALGEN_MAGPIE_REF=/path/to/dump uses an existing dump.
 """
 

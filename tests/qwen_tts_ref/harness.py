@@ -1,7 +1,7 @@
 """Runs make_reference.py in the qwen-tts reference venv and caches its output.
 
 The venv is made by tests/qwen_tts_ref/setup_venv.sh (CI runs it before pytest). Outputs are
-cached in tests/qwen_tts_ref/.venv/refcache/<hash of the script>/ (git-ignored), so a rerun
+cached in tests/qwen_tts_ref/.venv/refcache/<script name>/<hash of the script>/ (git-ignored), so a rerun
 costs nothing. METALGEN_QWEN_TTS_REF=/path/to/dump uses an existing dump instead.
 """
 
