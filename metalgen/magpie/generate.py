@@ -21,7 +21,7 @@ is not implemented.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import mlx.core as mx
 import numpy as np
@@ -170,18 +170,35 @@ def _prior_row(attended: int, counter: Dict[int, int], text_len: int, window: in
 def generate_codes(
     model,
     text_ids,
-    speaker: int,
+    speaker: Union[int, mx.array],
     sampling: Optional[MagpieSampling] = None,
     cfg: bool = True,
     max_frames: Optional[int] = None,
     seed: Optional[int] = None,
     record: Optional[Dict[str, Any]] = None,
 ) -> np.ndarray:
-    """Codes (C, T) int64 for one utterance, NeMo's uncached inference loop.
+    """Codes (C, T) int64 for one utterance: `stream_codes`'s pieces joined."""
+    a = model.args
+    pieces = list(stream_codes(model, text_ids, speaker, sampling, cfg, max_frames, seed, record))
+    return np.concatenate(pieces, axis=1) if pieces else np.zeros((a.num_codebooks, 0), np.int64)
+
+
+def stream_codes(
+    model,
+    text_ids,
+    speaker: Union[int, mx.array],
+    sampling: Optional[MagpieSampling] = None,
+    cfg: bool = True,
+    max_frames: Optional[int] = None,
+    seed: Optional[int] = None,
+    record: Optional[Dict[str, Any]] = None,
+) -> Iterator[np.ndarray]:
+    """Yields the codes of one utterance as (C, k) int64 pieces, each final when yielded (the
+    EOS frame and what follows it are never yielded), in NeMo's uncached inference loop.
 
     `model`: `metalgen.models.magpie.model.Model`. `text_ids`: the token ids fed to the model,
     (L,) or (1, L), text EOS last and no BOS (as do_tts builds them). `speaker`: baked speaker
-    index. `cfg`: classifier-free guidance with `sampling.cfg_scale`. `max_frames` overrides
+    index, or a speaker context (1, T_ctx, d) made from reference audio. `cfg`: classifier-free guidance with `sampling.cfg_scale`. `max_frames` overrides
     `sampling.max_frames`. `seed` seeds the draws when temperature > 0. `record`, when a dict,
     receives per-step diagnostics: "attended" (text position per step), "priors" (the prior row
     built after each step), "end_frame" (the EOS frame or None), "steps"."""
@@ -198,7 +215,8 @@ def generate_codes(
     ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
     L = ids.shape[1]
     memory = model.encode_text(mx.array(ids))  # (1, L, d)
-    ctx = model.speaker_context(speaker)  # (1, Tc, d)
+    # A baked speaker's row, or a context already encoded (reference-audio cloning).
+    ctx = speaker if isinstance(speaker, mx.array) else model.speaker_context(speaker)  # (1, Tc, d)
     if cfg:
         memory = mx.concatenate([memory, mx.zeros_like(memory)], axis=0)
         memory_mask = mx.array(np.stack([np.ones(L, bool), np.arange(L) == 0]))
@@ -283,11 +301,15 @@ def generate_codes(
                 end_frame = step * S + min(hits)
         produced.append(step_codes)
         codes = np.concatenate([codes, step_codes], axis=1)
-        if end_frame is not None and len(produced) >= 4:  # the codec wants at least 4 frames
+        kept = step_codes if end_frame is None else step_codes[:, : max(0, end_frame - step * S)]
+        kept = kept[:, : max(0, limit - step * S)]
+        if kept.shape[1]:
+            yield kept
+        if end_frame is not None:
+            # NeMo runs on until 4 steps exist (the codec's minimum), then trims those extra
+            # frames away again: nothing after the EOS frame is kept, so stop here.
             break
 
     if record is not None:
         record["end_frame"] = end_frame
         record["steps"] = len(produced)
-    out = np.concatenate(produced, axis=1) if produced else np.zeros((C, 0), np.int64)
-    return out[:, : (end_frame if end_frame is not None else limit)]
