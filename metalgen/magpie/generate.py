@@ -13,9 +13,9 @@ sequence `[speaker context ; BOS block ; codes so far]`. Per step:
 4. EOS: the first stacked frame where the drawn codes or the argmax of the CFG-combined
    `final_proj` logits show AUDIO_EOS (`eos_detection`, default "argmax_or_multinomial_any").
 
-docs/magpie.md section 2 lists the NeMo facts this follows. Only the recompute mode exists here;
-NeMo's KV-cached decoder mode (which keeps each position as computed under its own step's prior)
-is not implemented.
+docs/magpie.md section 2 lists the NeMo facts this follows. This loop is the reference (slow, host
+side); `stream_codes` runs NeMo's KV-cached mode from `metalgen.magpie.frames` unless asked to
+recompute.
 """
 
 from __future__ import annotations
@@ -176,10 +176,11 @@ def generate_codes(
     max_frames: Optional[int] = None,
     seed: Optional[int] = None,
     record: Optional[Dict[str, Any]] = None,
+    recompute: bool = False,
 ) -> np.ndarray:
     """Codes (C, T) int64 for one utterance: `stream_codes`'s pieces joined."""
     a = model.args
-    pieces = list(stream_codes(model, text_ids, speaker, sampling, cfg, max_frames, seed, record))
+    pieces = list(stream_codes(model, text_ids, speaker, sampling, cfg, max_frames, seed, record, recompute))
     return np.concatenate(pieces, axis=1) if pieces else np.zeros((a.num_codebooks, 0), np.int64)
 
 
@@ -192,16 +193,31 @@ def stream_codes(
     max_frames: Optional[int] = None,
     seed: Optional[int] = None,
     record: Optional[Dict[str, Any]] = None,
+    recompute: bool = False,
 ) -> Iterator[np.ndarray]:
     """Yields the codes of one utterance as (C, k) int64 pieces, each final when yielded (the
-    EOS frame and what follows it are never yielded), in NeMo's uncached inference loop.
+    EOS frame and what follows it are never yielded).
+
+    By default this is the fast loop of `metalgen.magpie.frames` (NeMo's KV-cached decoder mode).
+    `recompute=True` runs NeMo's default uncached loop instead (the whole sequence every step; a
+    reference, slow), whose greedy codes equal `do_tts`'s.
 
     `model`: `metalgen.models.magpie.model.Model`. `text_ids`: the token ids fed to the model,
     (L,) or (1, L), text EOS last and no BOS (as do_tts builds them). `speaker`: baked speaker
-    index, or a speaker context (1, T_ctx, d) made from reference audio. `cfg`: classifier-free guidance with `sampling.cfg_scale`. `max_frames` overrides
-    `sampling.max_frames`. `seed` seeds the draws when temperature > 0. `record`, when a dict,
+    index, or a speaker context (1, T_ctx, d) made from reference audio. `cfg`: classifier-free
+    guidance with `sampling.cfg_scale`. `max_frames` overrides `sampling.max_frames`. `seed` seeds the draws when temperature > 0. `record`, when a dict,
     receives per-step diagnostics: "attended" (text position per step), "priors" (the prior row
     built after each step), "end_frame" (the EOS frame or None), "steps"."""
+    if not recompute:
+        from .frames import FrameLoop
+
+        yield from FrameLoop(model, text_ids, speaker, sampling, cfg, max_frames, seed).pieces(record)
+        return
+    yield from _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record)
+
+
+def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record) -> Iterator[np.ndarray]:
+    """NeMo's uncached inference loop (see stream_codes)."""
     s = sampling or MagpieSampling()
     a = model.args
     if "local_transformer" not in model or a.local_transformer_type != "autoregressive":

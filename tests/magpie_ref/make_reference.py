@@ -102,8 +102,10 @@ def codec_config(sample_rate=22050):
     return OmegaConf.create(cfg)
 
 
-def magpie_config(codec_path: str):
-    """Tiny decoder_ce Magpie model in the structure of the published model_config.yaml."""
+def magpie_config(codec_path: str, stacked: bool = False):
+    """Tiny decoder_ce Magpie model in the structure of the published model_config.yaml. `stacked`:
+    the current published revision's layout instead (frame stacking 2, a local transformer as wide
+    as the decoder with 2 layers and no in-projection) and a later minimum frame count."""
     from omegaconf import OmegaConf
 
     tokenizers = {name: {"_target_": TT + cls, **kw} for name, (_, cls, kw) in CHAR_TOKENIZERS.items()}
@@ -142,6 +144,10 @@ def magpie_config(codec_path: str):
         inference_parameters=dict(max_decoder_steps=GREEDY_FRAMES, temperature=0.0, topk=80, cfg_scale=2.5),
         optim={"_target_": "torch.optim.Adam", "lr": 2e-4},
     )
+    if stacked:
+        cfg.update(frame_stacking_factor=2, local_transformer_n_layers=2, local_transformer_n_heads=2,
+                   local_transformer_hidden_dim=EMB)
+        cfg["inference_parameters"] = dict(cfg["inference_parameters"], min_generated_frames=8)
     return OmegaConf.create(cfg)
 
 
@@ -168,11 +174,11 @@ def build_codec(out: Path) -> Path:
     return path
 
 
-def build_magpie(out: Path, codec_path: Path) -> Path:
+def build_magpie(out: Path, codec_path: Path, stacked: bool = False) -> Path:
     from nemo.collections.tts.models import MagpieTTSModel
 
     torch.manual_seed(0)
-    model = MagpieTTSModel(cfg=magpie_config(str(codec_path))).eval()
+    model = MagpieTTSModel(cfg=magpie_config(str(codec_path), stacked)).eval()
     skip = ("_codec_model",)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -197,9 +203,16 @@ def build_magpie(out: Path, codec_path: Path) -> Path:
     # All speakers full length: with a shorter length NeMo (3.0.0) builds a mask shorter than the
     # (N, T, D) embedding it concatenates it with, and its own decoder call fails.
     sd["baked_context_embedding_len"] = torch.tensor([BAKED_T] * N_SPEAKERS)
+    if stacked:
+        # Random weights never end an utterance: a large final_proj bias on AUDIO_EOS for stacked
+        # frame 1, codebook 3 makes the argmax stream end it as soon as EOS is allowed, in the
+        # middle of a stacked step (so the frame before it is kept and the one after it dropped).
+        V = model.num_all_tokens_per_codebook
+        block = 1 * model.num_audio_codebooks + 3
+        sd["final_proj.bias"][block * V + model.audio_eos_id] += 50.0
     model.load_state_dict(sd, strict=True)
     assert model.has_baked_context_embedding
-    path = out / "magpie.nemo"
+    path = out / ("magpie_s2.nemo" if stacked else "magpie.nemo")
     model.save_to(str(path))
     return path
 
@@ -285,7 +298,39 @@ def dump_model(model, arrays: dict, meta: dict):
         same = gcodes.shape == arrays[f"greedy_codes_{tag}"].shape and bool(
             (gcodes == arrays[f"greedy_codes_{tag}"]).all())
         runs[tag]["generate_speech_matches_infer_batch"] = same
+        # NeMo's KV-cached decoder mode (use_kv_cache_for_inference): each position keeps the
+        # hidden state computed under its own step's prior; metalgen's fast loop is this mode.
+        model.use_kv_cache_for_inference = True
+        out = model.infer_batch(batch, use_cfg=use_cfg, use_local_transformer_for_inference=True)
+        model.use_kv_cache_for_inference = False
+        model.decoder.reset_cache(use_cache=False)
+        n = int(out.predicted_codes_lens[0])
+        arrays[f"greedy_codes_cached_{tag}"] = out.predicted_codes[0, :, :n].numpy().astype(np.int64)
+        runs[tag]["cached_frames"] = n
     meta["greedy"] = runs
+
+
+def dump_stacked(out: Path, codec_path: Path, arrays: dict, meta: dict):
+    """The frame-stacking-2 model: greedy codes (uncached and cached, CFG on and off), which end
+    with EOS inside a stacked step."""
+    from nemo.collections.tts.models import MagpieTTSModel
+
+    path = build_magpie(out, codec_path, stacked=True)
+    model = MagpieTTSModel.restore_from(str(path), map_location="cpu").eval()
+    batch = text_batch(model, SENTENCES["en"], 0)
+    runs = {}
+    for use_cfg in (False, True):
+        for cached in (False, True):
+            tag = ("cached_" if cached else "") + ("cfg" if use_cfg else "nocfg")
+            model.use_kv_cache_for_inference = cached
+            with torch.no_grad():
+                res = model.infer_batch(batch, use_cfg=use_cfg, use_local_transformer_for_inference=True)
+            n = int(res.predicted_codes_lens[0])
+            arrays[f"s2_greedy_codes_{tag}"] = res.predicted_codes[0, :, :n].numpy().astype(np.int64)
+            runs[tag] = {"frames": n}
+    model.use_kv_cache_for_inference = False
+    meta["stacked"] = dict(runs=runs, speaker_index=0,
+                           magpie_config=__import__("omegaconf").OmegaConf.to_container(model.cfg, resolve=True))
 
 
 def dump_codec(model, arrays: dict):
@@ -350,6 +395,7 @@ def main(out: Path):
     dump_model(model, arrays, meta)
     dump_codec(model, arrays)
     dump_tokenizers(model, out)
+    dump_stacked(out, codec_path, arrays, meta)
 
     ip = model.inference_parameters
     meta.update(
