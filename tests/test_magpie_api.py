@@ -33,12 +33,19 @@ def test_loaded(ref):
 def test_synthesize_greedy_matches_nemo(ref):
     tts, npz, meta = ref["tts"], ref["npz"], ref["meta"]
     assert tts.encode(meta["text"], "en") == npz["text_ids"][0].tolist()
+    # synthesize runs the fast loop, NeMo's KV-cached mode: its greedy codes are the dump's cached ones
+    codes = tts.codes(meta["text"], "en", speaker=meta["speaker_index"], temperature=0, max_frames=32)
+    np.testing.assert_array_equal(codes, npz["greedy_codes_cached_cfg"])
     wav, sr = tts.synthesize(meta["text"], "en", speaker=meta["speaker_index"], temperature=0, max_frames=32)
+    assert sr == 22050 and wav.dtype == np.float32 and wav.shape == (32 * 16,)
+    np.testing.assert_array_equal(wav, tts.decode(codes))
+    # the decode half against NeMo's do_tts waveform of its (uncached) greedy codes
     want = npz["greedy_audio_cfg"]
-    assert sr == 22050 and wav.dtype == np.float32 and wav.shape == want.shape
-    assert np.corrcoef(wav, want)[0, 1] > 0.9999
-    chunks = list(tts.stream(meta["text"], "en", speaker="1", temperature=0, max_frames=32))
-    assert len(chunks) == 1 and np.array_equal(chunks[0][0], wav)
+    assert np.corrcoef(tts.decode(npz["greedy_codes_cfg"]), want)[0, 1] > 0.9999
+    # streamed: chunks of 4, 8, 16, 4 frames, each decoded with the codec's receptive field of context
+    chunks = list(tts.stream(meta["text"], "en", speaker="1", temperature=0, max_frames=32, chunk_frames=16))
+    assert [c.shape[0] for c in chunks] == [4 * 16, 8 * 16, 16 * 16, 4 * 16]
+    np.testing.assert_allclose(np.concatenate(chunks), wav, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kw, pattern", [

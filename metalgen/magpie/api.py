@@ -2,13 +2,16 @@
 
     from metalgen import magpie
     tts = magpie.load("magpie_tts_multilingual_357m.nemo")   # finds the codec .nemo (see load)
-    wav, sr = tts.synthesize("Hello world.", language="en", speaker=0)
+    wav, sr = tts.synthesize("Hello world.", language="en", speaker="Sofia")
+    for chunk in tts.stream("Hello world.", language="en"):  # audio while frames are drawn
+        ...
 
-The pipeline is NeMo's `do_tts` for one chunk: the text front end (metalgen/magpie/text.py) gives
-the tokenizer's ids + text EOS, `generate_codes` draws the codec codes frame by frame, and the
-NanoCodec decoder turns them into a float32 waveform. Not yet here: long-text chunking, the
-phoneme front ends (so the published checkpoint's phoneme languages raise a MetalgenError),
-reference-audio cloning, and chunked codec streaming.
+`metalgen.tts.load` takes the same paths, the hub id and `dummy:magpie-*` too. The pipeline is
+NeMo's `do_tts` for one chunk: the text front end (metalgen/magpie/text.py) gives the tokenizer's
+ids + text EOS, `stream_codes` draws the codec codes frame by frame, and the NanoCodec decoder turns
+them into a float32 waveform, whole (`synthesize`) or chunk by chunk as the frames come
+(`stream`, metalgen/magpie/streaming.py). Not yet here: long-text chunking and reference-audio
+cloning.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import MetalgenError
-from .generate import MagpieSampling, generate_codes
+from ..loading import parse_dtype
+from .generate import MagpieSampling, generate_codes, stream_codes
 from .nemo_file import read_nemo
+from .streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, stream_audio
 from .text import MagpieText
 
 PathLike = Union[str, Path]
@@ -54,9 +59,66 @@ def _speaker_names(path: Path, n: int) -> List[str]:
     return default
 
 
+def _looks_like_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith(".nemo")
+
+
+def _hub_folder(repo: str, revision: Optional[str]) -> Path:
+    """The snapshot folder of hub repo `repo` (its .nemo and JSON files), from the local cache when
+    it is there; one-line errors when it is not and the hub cannot be reached."""
+    import os
+
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise MetalgenError(f"huggingface_hub is needed to fetch '{repo}': {e}")
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=["*.nemo", "*.json"]))
+    except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        raise MetalgenError(f"'{repo}' is not in the local Hugging Face cache and {why}")
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MetalgenError(f"could not fetch '{repo}' from the Hugging Face hub: {first}")
+
+
+def _nemo_in(folder: Path, what: str, codec: bool = False) -> Path:
+    """The one model (or, with `codec`, codec) `.nemo` in `folder`: a codec's name mentions
+    "codec", a model's does not, unless the folder holds a single `.nemo`."""
+    found = sorted(folder.glob("*.nemo"))
+    wanted = [p for p in found if ("codec" in p.name.lower()) == codec]
+    if len(wanted) == 1:
+        return wanted[0]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise MetalgenError(f"{what} holds no .nemo file")
+    raise MetalgenError(f"{what} holds {len(found)} .nemo files ({', '.join(p.name for p in found)}); "
+                        "give the one to load")
+
+
+def resolve_nemo(path_or_id: PathLike, revision: Optional[str] = None) -> Path:
+    """The Magpie `.nemo` that `path_or_id` names: a `.nemo` file; a folder holding one (the one
+    whose name does not mention "codec" when it holds the codec too); a hub id, fetched into (or
+    found in) the local Hugging Face cache."""
+    path = Path(path_or_id).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        return _nemo_in(path, f"the folder {path}")
+    text = str(path_or_id)
+    if _looks_like_hub_id(text):
+        return _nemo_in(_hub_folder(text, revision), f"the hub repo {text}")
+    raise MetalgenError(f"no Magpie .nemo file or folder at {path_or_id}")
+
+
 def find_codec(model_path: Path, config: dict, codec: Optional[PathLike] = None) -> Path:
     """The codec `.nemo`: `codec` when given; else the config's `codecmodel_path` when that file
-    exists; else a `.nemo` beside the model (one whose name mentions "codec", or the only other one)."""
+    exists; else a `.nemo` beside the model (one whose name mentions "codec", or the only other one);
+    else `codecmodel_path` as a hub id (`nvidia/nemo-nano-codec-...`), from the local Hugging Face
+    cache or the hub."""
     if codec is not None:
         path = Path(codec)
         if not path.is_file():
@@ -70,6 +132,9 @@ def find_codec(model_path: Path, config: dict, codec: Optional[PathLike] = None)
     for group in (named, others):
         if len(group) == 1:
             return group[0]
+    if stored and _looks_like_hub_id(str(stored)):
+        # NeMo loads it with from_pretrained: the published config names the codec's hub repo.
+        return _nemo_in(_hub_folder(str(stored), None), str(stored), codec=True)
     where = f"its stored codecmodel_path {stored} does not exist, and " if stored else ""
     found = f"{len(others)} other .nemo files" if others else "no other .nemo file"
     raise MetalgenError(
@@ -78,8 +143,18 @@ def find_codec(model_path: Path, config: dict, codec: Optional[PathLike] = None)
     )
 
 
+# Language names accepted beside the codes the checkpoints use (as Qwen3-TTS takes names).
+LANGUAGE_NAMES = {"english": "en", "spanish": "es", "german": "de", "french": "fr", "italian": "it",
+                  "vietnamese": "vi", "hindi": "hi", "mandarin": "zh", "chinese": "zh", "japanese": "ja"}
+# The sampling settings a call may override (MagpieSampling's fields of the same names).
+SAMPLING_KEYS = ("temperature", "top_k", "cfg_scale", "max_frames", "min_frames")
+
+
 class MagpieTTS:
-    """A loaded Magpie checkpoint with its codec and text front end."""
+    """A loaded Magpie checkpoint with its codec and text front end: `synthesize` (whole audio),
+    `stream` (audio chunks while frames are drawn), `codes` and `decode` (the two halves)."""
+
+    model_type = "magpie"
 
     def __init__(self, model, codec, text: MagpieText, config: dict, speakers: List[str], source: str):
         self.model = model
@@ -88,6 +163,7 @@ class MagpieTTS:
         self.config = config
         self.speakers = speakers
         self.source = source
+        self.name = source
         self.sampling = MagpieSampling.from_config(config)
 
     @property
@@ -98,12 +174,25 @@ class MagpieTTS:
     def sample_rate(self) -> int:
         return int(self.codec.args.sample_rate)
 
-    def speaker_index(self, speaker: Union[int, str]) -> int:
-        """A speaker index, or a name from `speakers`, as the baked speaker's row."""
+    @property
+    def samples_per_frame(self) -> int:
+        return int(self.codec.args.samples_per_frame)
+
+    @property
+    def frame_rate(self) -> float:
+        """Codec frames a second (21.5 for NanoCodec)."""
+        return self.sample_rate / self.samples_per_frame
+
+    def speaker_index(self, speaker: Union[int, str, None]) -> int:
+        """A speaker index, or a name from `speakers` (any case), as the baked speaker's row; None
+        is speaker 0, NeMo's default."""
+        if speaker is None:
+            return 0
         if isinstance(speaker, str) and not speaker.lstrip("-").isdigit():
-            if speaker not in self.speakers:
+            folded = [s.lower() for s in self.speakers]
+            if speaker.lower() not in folded:
                 raise MetalgenError(f"Magpie speaker '{speaker}' is unknown (speakers: {', '.join(self.speakers)})")
-            return self.speakers.index(speaker)
+            return folded.index(speaker.lower())
         try:
             index = int(speaker)
         except (TypeError, ValueError):
@@ -115,29 +204,42 @@ class MagpieTTS:
             )
         return index
 
-    def encode(self, text: str, language: str = "en") -> List[int]:
-        """The text ids fed to the model (tokenizer ids + text EOS)."""
-        return self.text.encode(text, language)
+    def language_code(self, language: Optional[str]) -> str:
+        """The checkpoint's code for `language`: a code ("en") or a name ("English"), any case;
+        None is English."""
+        if language is None:
+            return "en"
+        lang = str(language).strip().lower()
+        return LANGUAGE_NAMES.get(lang, lang)
 
-    def codes(
-        self,
-        text: str,
-        language: str = "en",
-        speaker: Union[int, str] = 0,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        cfg: bool = True,
-        cfg_scale: Optional[float] = None,
-        max_frames: Optional[int] = None,
-        seed: Optional[int] = None,
-    ) -> np.ndarray:
-        """Codec codes (C, T) int64 for `text` (see `synthesize`)."""
-        index = self.speaker_index(speaker)
+    def encode(self, text: str, language: Optional[str] = "en") -> List[int]:
+        """The text ids fed to the model (tokenizer ids + text EOS)."""
+        if text is None or not str(text).strip():
+            raise MetalgenError("the text is empty")
+        return self.text.encode(str(text), self.language_code(language))
+
+    def sampling_for(self, **overrides) -> MagpieSampling:
+        """The checkpoint's inference parameters with the given (non-None) `SAMPLING_KEYS` changed."""
+        unknown = sorted(set(overrides) - set(SAMPLING_KEYS))
+        if unknown:
+            raise MetalgenError(f"Magpie does not take the option(s) {', '.join(unknown)}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for key in ("max_frames", "min_frames", "top_k"):
+            if key in given and int(given[key]) < (1 if key != "min_frames" else 0):
+                raise MetalgenError(f"Magpie {key} must be at least {1 if key != 'min_frames' else 0}")
+        return MagpieSampling.from_config(self.config, **given) if given else self.sampling
+
+    def prepare(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
+                **sampling) -> Tuple[List[int], int, MagpieSampling]:
+        """Every check a request needs before any work: (text ids, speaker row, sampling)."""
         ids = self.encode(text, language)
-        overrides = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("cfg_scale", cfg_scale))
-                     if v is not None}
-        sampling = MagpieSampling.from_config(self.config, **overrides) if overrides else self.sampling
-        return generate_codes(self.model, ids, index, sampling, cfg=cfg, max_frames=max_frames, seed=seed)
+        return ids, self.speaker_index(speaker), self.sampling_for(**sampling)
+
+    def codes(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
+              cfg: bool = True, seed: Optional[int] = None, **sampling) -> np.ndarray:
+        """Codec codes (C, T) int64 for `text` (see `synthesize`)."""
+        ids, index, s = self.prepare(text, language, speaker, **sampling)
+        return generate_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes (C, T) -> waveform (T * samples_per_frame,) float32."""
@@ -147,42 +249,50 @@ class MagpieTTS:
         wav = self.codec.decode(mx.array(codes.reshape(1, *codes.shape[-2:])))
         return np.array(wav[0], dtype=np.float32)
 
-    def synthesize(
-        self,
-        text: str,
-        language: str = "en",
-        speaker: Union[int, str] = 0,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        cfg: bool = True,
-        cfg_scale: Optional[float] = None,
-        max_frames: Optional[int] = None,
-        seed: Optional[int] = None,
-    ) -> Tuple[np.ndarray, int]:
-        """(waveform float32, sample rate) for `text` in `language` by baked `speaker` (an index or
-        a name of `speakers`). `temperature` (0: greedy), `top_k`, `cfg_scale` and `max_frames`
-        default to the checkpoint's inference parameters; `cfg` toggles classifier-free guidance;
-        `seed` makes sampling repeatable."""
-        codes = self.codes(text, language, speaker, temperature, top_k, cfg, cfg_scale, max_frames, seed)
+    def synthesize(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
+                   cfg: bool = True, seed: Optional[int] = None, **sampling) -> Tuple[np.ndarray, int]:
+        """(waveform float32, sample rate) for `text` in `language` (a code such as "en" or a name)
+        by baked `speaker` (an index or a name of `speakers`). `sampling` overrides the checkpoint's
+        inference parameters: `temperature` (0: greedy), `top_k`, `cfg_scale`, `max_frames`,
+        `min_frames` (codec frames before EOS may be drawn); `cfg` toggles classifier-free
+        guidance; `seed` makes sampling repeatable."""
+        codes = self.codes(text, language, speaker, cfg, seed, **sampling)
         return self.decode(codes), self.sample_rate
 
-    def stream(self, text: str, language: str = "en", speaker: Union[int, str] = 0,
-               **kw) -> Iterator[Tuple[np.ndarray, int]]:
-        """Yields (waveform chunk, sample rate). For now it yields the whole waveform once, after
-        generation ends: chunked codec streaming (decoding frames as they are drawn) is next."""
-        yield self.synthesize(text, language, speaker, **kw)
+    def stream(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
+               cfg: bool = True, seed: Optional[int] = None, chunk_frames: int = CHUNK_FRAMES,
+               first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None,
+               **sampling) -> Iterator[np.ndarray]:
+        """Float32 waveform chunks (at `sample_rate`) while the frames are drawn: the first after
+        `first_chunk_frames` codec frames, each later one twice the one before up to
+        `chunk_frames` (None: every chunk `chunk_frames`). Their concatenation is `synthesize`'s
+        waveform for the same seed. The options are checked here, before the first chunk is
+        asked for; the rest are `synthesize`'s."""
+        ids, index, s = self.prepare(text, language, speaker, **sampling)
+        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
+            raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
+        pieces = stream_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
+        return stream_audio(self.codec, pieces, chunk_frames, first_chunk_frames, left_context)
 
 
-def load(path: PathLike, codec: Optional[PathLike] = None) -> MagpieTTS:
-    """A Magpie `.nemo` and its NanoCodec -> MagpieTTS. The codec is `codec` when given, else the
-    config's `codecmodel_path` if that file exists, else a `.nemo` beside the model (see find_codec)."""
+def load(path: PathLike, codec: Optional[PathLike] = None, dtype=None, revision: Optional[str] = None) -> MagpieTTS:
+    """A Magpie checkpoint and its NanoCodec -> MagpieTTS.
+
+    `path`: a `.nemo` file, a folder holding one (see `resolve_nemo`) or a Hugging Face hub id
+    (`nvidia/magpie_tts_multilingual_357m`, from the local cache or the hub; `revision` picks a
+    branch such as v2512). The codec is `codec` when given, else the config's `codecmodel_path` if
+    that file exists, else a `.nemo` beside the model, else `codecmodel_path` as a hub id (see
+    find_codec). `dtype` casts the transformer's weights (the `.nemo` holds float32); the codec
+    stays float32."""
     from ..models.magpie.codec import load_codec
     from ..models.magpie.model import Model
 
-    path = Path(path)
+    path = resolve_nemo(path, revision)
     config, weights = read_nemo(path)
     codec_path = find_codec(path, config, codec)
     model = Model.from_weights(config, weights, source=str(path))
+    if dtype is not None:
+        model.set_dtype(parse_dtype(dtype))
     text = MagpieText.from_config(config, text_vocab_size=model.args.text_vocab_size)
     nano = load_codec(codec_path)
     a, c = model.args, nano.args

@@ -1,0 +1,107 @@
+"""NanoCodec decoding in chunks, while Magpie is still drawing frames.
+
+NanoCodec's decoder (`CausalHiFiGANDecoder`) is causal throughout: every conv pads zeros on the
+left only, the transposed convs cut their overhang on the right, the activations are pointwise.
+So the samples of frame t depend on frames t - R .. t only, R being the decoder's receptive field
+in frames (`receptive_frames`). Decoding frames [start - R, end) and keeping the samples of
+[start, end) gives what the whole decode gives for those frames; the first chunk starts at frame
+0, where the whole decode pads the same zeros. Chunked and whole decodes differ only by float
+rounding (the GEMMs run over other lengths).
+
+The chunk schedule and the bookkeeping are Qwen3-TTS's `StreamingDecoder`
+(metalgen/models/qwen3_tts/speech_decoder.py): a short first chunk, then chunks doubling up to
+`chunk_frames`. `CodecFrames` adapts NanoCodec to the (B, T, Q) frames it takes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import MetalgenError
+
+# Streamed chunks in codec frames (46.4 ms each at 22050 Hz): a first chunk of 4 frames (186 ms,
+# two decoder steps of the current checkpoint) keeps the wait for the first audio short; later
+# chunks double up to 24 frames (1.1 s), so that the decoder's left context is a small share.
+FIRST_CHUNK_FRAMES = 4
+CHUNK_FRAMES = 24
+
+
+def receptive_frames(args) -> int:
+    """How many earlier codec frames reach the samples of a frame through NanoCodec's decoder
+    (`args`: NanoCodecArgs). Walked from the output back to the latent: at each rate the past
+    reach in samples grows by each causal conv's (kernel - 1) * dilation, and a transposed conv of
+    kernel 2r and stride r maps a reach of P samples to ceil(P / r) + 1 input frames (its output
+    sample n reads input frames n // r and n // r - 1)."""
+    res = max(sum((k - 1) * d + (k - 1) for d in args.resblock_dilation_sizes) for k in args.resblock_kernel_sizes)
+    reach = args.out_kernel_size - 1  # post_conv
+    for rate in reversed(args.up_sample_rates):
+        reach += res  # the res layer after this stage's upsampler
+        kernel = 2 * rate
+        reach = math.ceil(reach / rate) + (kernel // rate - 1)
+    return reach + args.in_kernel_size - 1  # pre_conv
+
+
+class CodecFrames:
+    """NanoCodec seen as StreamingDecoder's decoder: codes (B, T, C) frames-first ->
+    waveform (B, T * samples_per_frame)."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.total_upsample = int(codec.args.samples_per_frame)
+
+    def __call__(self, frames: mx.array) -> mx.array:
+        return self.codec.decode(frames.transpose(0, 2, 1))
+
+
+class CodecStream:
+    """Codes (C, k) pieces in, float32 waveform pieces out.
+
+    `push` takes the pieces `metalgen.magpie.generate.stream_codes` yields and returns the audio of
+    every chunk that became complete; `flush` returns the rest. The concatenated output equals
+    `codec.decode` of all the codes (to float rounding). `first_chunk_frames` None: every chunk
+    is `chunk_frames` long. `left_context` None: the decoder's receptive field, the least that
+    keeps chunked equal to whole."""
+
+    def __init__(self, codec, chunk_frames: int = CHUNK_FRAMES,
+                 first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None):
+        from ..models.qwen3_tts.speech_decoder import StreamingDecoder
+
+        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
+            raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
+        if left_context is None:
+            left_context = receptive_frames(codec.args)
+        if left_context < 0:
+            raise MetalgenError("left_context must be >= 0")
+        self.left_context = left_context
+        self.decoder = StreamingDecoder(CodecFrames(codec), chunk_frames, left_context, first_chunk_frames)
+
+    @staticmethod
+    def _host(piece: mx.array) -> np.ndarray:
+        return np.array(piece[0].astype(mx.float32))
+
+    def push(self, codes) -> Iterator[np.ndarray]:
+        """Add codes (C, k) (numpy or MLX ints); yield the waveform of each completed chunk."""
+        codes = mx.array(np.asarray(codes, dtype=np.int32)) if not isinstance(codes, mx.array) else codes
+        if codes.shape[-1] == 0:
+            return
+        for piece in self.decoder.push(codes.astype(mx.int32).T[None]):
+            yield self._host(piece)
+
+    def flush(self) -> Iterator[np.ndarray]:
+        """The waveform of the frames not yet decoded."""
+        for piece in self.decoder.flush():
+            yield self._host(piece)
+
+
+def stream_audio(codec, pieces: Iterable, chunk_frames: int = CHUNK_FRAMES,
+                 first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES,
+                 left_context: Optional[int] = None) -> Iterator[np.ndarray]:
+    """Codes (C, k) pieces -> float32 waveform chunks, each as soon as its frames exist."""
+    stream = CodecStream(codec, chunk_frames, first_chunk_frames, left_context)
+    for codes in pieces:
+        yield from stream.push(codes)
+    yield from stream.flush()
