@@ -30,14 +30,18 @@ def add_parser(sub) -> None:
     add_sampling_flags(g, repetition_penalty=1.0)
     t = p.add_argument_group("text to speech (--tts)")
     t.add_argument("--tts", action="store_true",
-                   help="benchmark the Qwen3-TTS frame loop: ms per frame (talker, 15 code-predictor "
-                        "steps, speech decoder), real-time factor, time to first audio (docs/tts.md)")
-    t.add_argument("--frames", type=int, default=64, help="frames per run (80 ms each); default %(default)s")
-    t.add_argument("--chunk-frames", type=int, default=12,
-                   help="streamed decoder chunk in frames, as `metalgen tts --stream`; default %(default)s")
-    t.add_argument("--first-chunk-frames", type=int, default=2,
+                   help="benchmark a TTS frame loop: ms per frame by part (Qwen3-TTS: talker, 15 code-predictor "
+                        "steps, speech decoder; Magpie: text encoder, decoder step, local transformer, codec), "
+                        "real-time factor, time to first audio (docs/tts.md)")
+    t.add_argument("--frames", type=int, default=64,
+                   help="frames per run (Qwen3-TTS: 80 ms each; Magpie: 46 ms codec frames); default %(default)s")
+    t.add_argument("--chunk-frames", type=int, default=None,
+                   help="streamed decoder chunk in frames, as `metalgen tts --stream`; default 12 (Qwen3-TTS), "
+                        "24 (Magpie)")
+    t.add_argument("--first-chunk-frames", type=int, default=None,
                    help="frames in the first streamed chunk (then doubling up to --chunk-frames); "
-                        "default %(default)s")
+                        "default 2 (Qwen3-TTS), 4 (Magpie)")
+    t.add_argument("--no-cfg", action="store_true", help="Magpie: classifier-free guidance off (default on)")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompt and the draws")
 
 
@@ -93,6 +97,53 @@ def format_tts_table(report) -> str:
     return "\n".join(lines)
 
 
+def format_magpie_table(report) -> str:
+    lines = [
+        f"backend {report['backend']} ({report['device']}), {report['model']}, weights {report['weight_gb']:.2f} GB "
+        f"+ codec {report['codec_weight_gb']:.2f} GB, text {report['text_tokens']} tokens, {report['frames']} frames "
+        f"x {report['frame_audio_ms']:.1f} ms ({report['codebooks']} codebooks, stacking {report['frame_stacking']}), "
+        f"CFG {'on, scale ' + str(report['cfg_scale']) if report['cfg'] else 'off'}, chunks of "
+        f"{report['first_chunk_frames']} doubling to {report['chunk_frames']} (+{report['left_context']} context), "
+        f"medians of {report['runs']} runs after a warm-up, seed {report['seed']}",
+        f"{'engine':<10} {'text ms':>8} {'dec/step':>9} {'LT/step':>8} | {'dec':>7} {'LT':>7} {'codec':>7} "
+        f"{'sum':>7} | {'ms/frame':>9} {'RTF':>6} {'TTFA ms':>8} {'peak GB':>8}",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['engine']:<10} {r['text_encoder_ms']:>8.2f} {r['decoder_step_ms']:>9.2f} "
+            f"{r['local_transformer_step_ms']:>8.2f} | {r['decoder_frame_ms']:>7.2f} "
+            f"{r['local_transformer_frame_ms']:>7.2f} {r['codec_frame_ms']:>7.2f} {r['split_frame_ms']:>7.2f} | "
+            f"{r['frame_ms']:>9.2f} {r['rtf']:>6.2f} {r['ttfa_ms']:>8.1f} {r['peak_memory_gb']:>8.2f}"
+        )
+    lines.append("(text: once per utterance; dec/step, LT/step: ms per decoder step; dec, LT, codec, sum: ms per "
+                 "codec frame with a barrier after each part; ms/frame, RTF, TTFA: the streamed pipeline)")
+    return "\n".join(lines)
+
+
+def _write_json(path, report) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def run_magpie(args: argparse.Namespace, tts) -> int:
+    from ..errors import MetalgenError
+    from ..magpie.bench import run_magpie_bench
+    from ..magpie.streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES
+
+    if args.compare:
+        raise MetalgenError("--compare mlx-lm runs Qwen3-TTS models, not Magpie")
+    if args.decode != "auto":
+        raise MetalgenError("--decode applies to Qwen3-TTS models, not Magpie")
+    report = run_magpie_bench(
+        tts, frames=args.frames, runs=args.runs, seed=args.seed, cfg=not args.no_cfg,
+        chunk_frames=CHUNK_FRAMES if args.chunk_frames is None else args.chunk_frames,
+        first_chunk_frames=FIRST_CHUNK_FRAMES if args.first_chunk_frames is None else args.first_chunk_frames)
+    print(format_magpie_table(report))
+    _write_json(args.json, report)
+    return 0
+
+
 def run_tts(args: argparse.Namespace) -> int:
     import metalgen.tts
     from ..errors import MetalgenError
@@ -100,16 +151,20 @@ def run_tts(args: argparse.Namespace) -> int:
 
     if args.profile:
         raise MetalgenError("--profile applies to text models, not --tts")
-    if args.frames < 2 or args.runs < 1 or args.chunk_frames < 1 or args.first_chunk_frames < 1:
+    if args.frames < 2 or args.runs < 1 or (args.chunk_frames is not None and args.chunk_frames < 1) or \
+            (args.first_chunk_frames is not None and args.first_chunk_frames < 1):
         raise MetalgenError("need --frames >= 2, --runs >= 1, --chunk-frames >= 1 and --first-chunk-frames >= 1")
     tts = metalgen.tts.load(args.model or "dummy:qwen3-tts-0.6b", dtype=args.dtype)
+    if tts.model_type == "magpie":
+        return run_magpie(args, tts)
+    if args.no_cfg:
+        raise MetalgenError("--no-cfg applies to Magpie models, not Qwen3-TTS")
     report = run_tts_bench(tts, frames=args.frames, runs=args.runs, compare=args.compare, seed=args.seed,
-                           chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
+                           chunk_frames=12 if args.chunk_frames is None else args.chunk_frames,
+                           first_chunk_frames=2 if args.first_chunk_frames is None else args.first_chunk_frames,
                            decode=args.decode)
     print(format_tts_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    _write_json(args.json, report)
     return 0
 
 
