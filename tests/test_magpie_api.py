@@ -72,3 +72,18 @@ def test_missing_codec(ref, tmp_path):
         magpie.load(tmp_path / "magpie.nemo", codec=tmp_path / "absent.nemo")
     shutil.copy(ref["folder"] / "codec.nemo", tmp_path / "nano_codec.nemo")  # found beside it
     assert magpie.load(tmp_path / "magpie.nemo").sample_rate == 22050
+
+
+def test_which_loader(tmp_path):
+    """metalgen.tts.load's dispatch: Magpie for dummy:magpie-*, .nemo files, folders of them and hub
+    ids naming Magpie; Qwen3-TTS for the rest (no reference dump needed)."""
+    from metalgen.tts import is_magpie
+
+    (tmp_path / "m.nemo").write_bytes(b"")
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text("{}")
+    assert is_magpie("dummy:magpie-tiny") and is_magpie(str(tmp_path / "m.nemo")) and is_magpie(str(tmp_path))
+    assert is_magpie("nvidia/magpie_tts_multilingual_357m") and is_magpie("missing/file.nemo")
+    assert not is_magpie("dummy:qwen3-tts-tiny") and not is_magpie(str(qwen))
+    assert not is_magpie("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")

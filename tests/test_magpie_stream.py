@@ -1,0 +1,82 @@
+"""Streamed NanoCodec decoding (metalgen/magpie/streaming.py) and MagpieTTS.stream on
+dummy:magpie-tiny: chunked equals whole for several chunk schedules, the receptive field is the
+context that makes it so, and stream's chunks are synthesize's waveform."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from metalgen.errors import MetalgenError
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from metalgen.magpie.dummy import load_dummy
+
+    return load_dummy("magpie-tiny")
+
+
+@pytest.fixture(scope="module")
+def codes():
+    return np.random.default_rng(0).integers(0, 2016, (8, 45))
+
+
+def _streamed(codec, pieces, chunk, first, left=None):
+    from metalgen.magpie.streaming import stream_audio
+
+    return list(stream_audio(codec, pieces, chunk, first, left))
+
+
+@pytest.mark.parametrize("chunk, first, piece", [(1, None, 1), (3, None, 2), (7, 2, 2), (24, 4, 5), (100, None, 45)])
+def test_chunked_equals_whole(tiny, codes, chunk, first, piece):
+    whole = tiny.decode(codes)
+    pieces = [codes[:, i : i + piece] for i in range(0, codes.shape[1], piece)]
+    out = _streamed(tiny.codec, pieces, chunk, first)
+    assert all(o.dtype == np.float32 for o in out)
+    np.testing.assert_allclose(np.concatenate(out), whole, rtol=0, atol=1e-6)
+    # chunk sizes: the first, then doubling up to `chunk`, the rest at the end
+    spf = tiny.samples_per_frame
+    sizes = [o.shape[0] // spf for o in out]
+    want, n, left = [], min(first or chunk, chunk), codes.shape[1]
+    while left >= n:
+        want.append(n)
+        left -= n
+        n = min(chunk, 2 * n)
+    assert sizes == want + ([left] if left else [])
+
+
+def test_receptive_field_is_the_context_needed(tiny, codes):
+    from metalgen.magpie.dummy import NANOCODEC
+    from metalgen.magpie.streaming import receptive_frames
+    from metalgen.models.magpie.codec import NanoCodecArgs
+
+    # the published codec (8-8-4-2-2, kernels 3/7/11, dilations 1/3/5): 25 frames, 1.16 s
+    assert receptive_frames(NanoCodecArgs.from_config(NANOCODEC)) == 25
+    whole = tiny.decode(codes)
+    r = receptive_frames(tiny.codec.args)
+    exact = np.concatenate(_streamed(tiny.codec, [codes], 3, None, left=r))
+    short = np.concatenate(_streamed(tiny.codec, [codes], 3, None, left=2))
+    assert np.abs(exact - whole).max() <= 1e-6
+    assert np.abs(short - whole).max() > 1e-2  # the check above is not vacuous
+
+
+def test_stream_is_synthesize_in_chunks(tiny):
+    wav, sr = tiny.synthesize("Hello there.", "en", "Aria", seed=3, max_frames=20)
+    assert sr == 344 and wav.shape == (20 * 16,)
+    chunks = list(tiny.stream("Hello there.", "en", "Aria", seed=3, max_frames=20, chunk_frames=8))
+    assert [c.shape[0] // 16 for c in chunks] == [4, 8, 8]  # the first chunk after 4 frames
+    np.testing.assert_allclose(np.concatenate(chunks), wav, rtol=0, atol=1e-6)
+    fixed = list(tiny.stream("Hello there.", "en", "Aria", seed=3, max_frames=20, chunk_frames=6,
+                             first_chunk_frames=None))
+    assert [c.shape[0] // 16 for c in fixed] == [6, 6, 6, 2]
+
+
+def test_stream_checks_before_the_first_chunk(tiny):
+    # the request is checked when stream() is called, before any chunk is asked for
+    with pytest.raises(MetalgenError, match="speaker 'Bob' is unknown"):
+        tiny.stream("Hi.", "en", "Bob")
+    with pytest.raises(MetalgenError, match="chunk_frames and first_chunk_frames must be >= 1"):
+        tiny.stream("Hi.", "en", chunk_frames=0)
+    with pytest.raises(MetalgenError, match="the text is empty"):
+        tiny.stream("  ", "en")
