@@ -31,7 +31,7 @@ def is_magpie(path_or_id: str) -> bool:
     if name.startswith("dummy:"):
         return name[len("dummy:"):].startswith("magpie")
     path = Path(name).expanduser()
-    if name.endswith(".nemo") or path.is_file():
+    if name.endswith(".nemo"):
         return True
     if path.is_dir():
         return not (path / "config.json").exists() and any(path.glob("*.nemo"))
