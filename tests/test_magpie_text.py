@@ -91,19 +91,23 @@ def test_unknown_language_lists_the_ones_there_are():
         MagpieText.from_config(_small()).encode("Hallo", "de")
 
 
-def test_phoneme_languages_are_not_implemented_yet():
+def test_a_phoneme_tokenizer_that_cannot_be_built_fails_only_its_language():
     cfg = {"text_tokenizers": {
         "english_phoneme": {"_target_": TT + "IPATokenizer", "locale": "en-US",
                             "g2p": {"_target_": "nemo.collections.tts.g2p.models.i18n_ipa.IpaG2p"}},
         "french_chartokenizer": {"_target_": TT + "FrenchCharsTokenizer"},
     }}
-    text = MagpieText.from_config(cfg, text_vocab_size=1000)
+    text = MagpieText.from_config(cfg)
     assert text.languages == ["en", "fr"]
-    with pytest.raises(MetalgenError, match="phoneme front end .*english_phoneme.* not implemented yet"):
+    with pytest.raises(MetalgenError, match="'english_phoneme' cannot be built: its g2p phoneme_dict is None"):
         text.encode("Hello", "en")
-    # French comes after it, so its offset is unknown too.
+    # French comes after it: without the model's text vocabulary its offset is unknown ...
     with pytest.raises(MetalgenError, match="depend on the vocabulary size of 'english_phoneme'"):
         text.encode("Bonjour", "fr")
+    # ... with it, the one unknown size is what the embedding leaves (1000 - 2 - French's 78).
+    text = MagpieText.from_config(cfg, text_vocab_size=1000)
+    assert text.offsets["french_chartokenizer"] == 920
+    assert text.encode("a", "fr") == [921, 999]
 
 
 def test_checkpoint_language_map_wins_and_sizes_are_checked():

@@ -23,11 +23,15 @@ Language -> tokenizer: the checkpoint's `language_to_tokenizer_mapping` when it 
 NeMo's LANGUAGE_TOKENIZER_MAP (first configured candidate wins). Unlike NeMo there is no silent
 fallback to English for a language the checkpoint lacks.
 
-Not here yet: the phoneme tokenizers (IPATokenizer + IpaG2p, the Chinese and Japanese phoneme
-tokenizers) and Hugging Face tokenizers (byt5); a language served by one of them raises a
-MetalgenError, and so does every language whose tokenizer comes after one of them in the config
-(its offset depends on that tokenizer's vocabulary size). No text normalization (numbers, dates):
-that is the caller's job, as NeMo's `apply_TN` is off by default.
+Phoneme tokenizers: NeMo's IPATokenizer + IpaG2p (English, Spanish, German, Italian, Vietnamese,
+French, Hindi, Portuguese, Korean locales) are rebuilt by metalgen/magpie/ipa_tokenizer.py and g2p.py
+from the dictionaries inside the `.nemo` (`nemo:` paths; pass `nemo_path`), always with phoneme
+probability 1.0. A tokenizer that cannot be built (a missing dictionary; Mandarin and Japanese, whose
+G2P needs jieba/pypinyin or pyopenjtalk; Hugging Face byt5 tokenizers) raises a MetalgenError for its
+languages only. Its vocabulary size is then unknown, which would shift every later tokenizer's ids: when
+it is the only unknown one, the model's text embedding size fixes it (rows = total + BOS + EOS); else
+the languages after it raise too. No text normalization (numbers, dates): that is the caller's job, as
+NeMo's `apply_TN` is off by default.
 """
 
 from __future__ import annotations
@@ -55,11 +59,15 @@ _LOCALE_PUNCT_EXTRA: Dict[str, Tuple[str, ...]] = {
     # en dash, quotes, ellipsis and the combining grave, acute, circumflex, diaeresis, cedilla
     "fr-FR": tuple("\u2013\u201c\u201d\u2026\u0300\u0301\u0302\u0308\u0327") + tuple(_GUILLEMETS),
     "hi-IN": ("\u0964", "\u0965"),  # danda, double danda
+    # quotes, en and em dash, ellipsis (the IPA tokenizer's pt-BR list when locale_specific_punct)
+    "pt-BR": tuple(_GUILLEMETS + "\u201c\u201d\u2018\u2019\u2013\u2014\u2026"),
+    "ko-KR": tuple("『』「」《》…·—–〜"),
+    "ar-MSA": ("\u060c", "\u061b", "\u061f"),  # Arabic comma, semicolon, question mark
 }
 
 
-def locale_punctuation(locale: str) -> List[str]:
-    """ipa_lexicon.get_ipa_punctuation_list for the locales the char tokenizers use: sorted."""
+def locale_punctuation(locale: Optional[str]) -> List[str]:
+    """ipa_lexicon.get_ipa_punctuation_list, sorted, for every locale but ja-JP (None: the default list)."""
     return sorted(set(DEFAULT_PUNCT) | set(_LOCALE_PUNCT_EXTRA.get(locale, ())))
 
 
@@ -286,13 +294,22 @@ LANGUAGE_TOKENIZER_MAP: Dict[str, Tuple[str, ...]] = {
 }
 
 
+# Phoneme tokenizers whose G2P needs third-party segmenters metalgen does not ship.
+_OUT_OF_SCOPE = {
+    "ChinesePhonemesTokenizer": "Mandarin (ChinesePhonemesTokenizer, whose G2P needs jieba and pypinyin)",
+    "JapanesePhonemeTokenizer": "Japanese (JapanesePhonemeTokenizer, whose G2P needs pyopenjtalk)",
+}
+
+
 def _unavailable_reason(name: str, tc: Mapping[str, Any]) -> str:
     target = str(tc.get("_target_", ""))
     cls = target.rsplit(".", 1)[-1]
     if cls in ("AutoTokenizer", "T5Tokenizer"):
         what = tc.get("pretrained_model", "?")
         return f"its tokenizer '{name}' is a Hugging Face {cls} ({what}), which metalgen does not implement yet"
-    if "g2p" in tc or "Phoneme" in cls or cls == "IPATokenizer":
+    if cls in _OUT_OF_SCOPE:
+        return f"its tokenizer '{name}' is {_OUT_OF_SCOPE[cls]}, which metalgen does not support"
+    if "g2p" in tc or "Phoneme" in cls:
         return f"its phoneme front end ('{name}', {cls or 'no class'} with G2P) is not implemented yet"
     return f"its tokenizer '{name}' ({cls or 'no class'}) is not supported"
 
@@ -301,8 +318,15 @@ class MagpieText:
     """The aggregated text tokenizer of a Magpie checkpoint: `encode(text, language)` gives the ids
     fed to the model (the tokenizer's ids shifted by its offset, then the text EOS)."""
 
-    def __init__(self, order: List[str], tokenizers: Dict[str, CharTokenizer], unavailable: Dict[str, str],
+    def __init__(self, order: List[str], tokenizers: Dict[str, Any], unavailable: Dict[str, str],
                  sizes: Dict[str, Optional[int]], language_map: Dict[str, str], text_vocab_size: Optional[int]):
+        unknown = [n for n in order if sizes[n] is None]
+        if len(unknown) == 1 and text_vocab_size is not None:
+            # One tokenizer the port cannot build: the model's text embedding still fixes its size
+            # (total + BOS + EOS rows), so the tokenizers after it keep their offsets.
+            rest = text_vocab_size - 2 - sum(v for v in sizes.values() if v is not None)
+            if rest > 0:
+                sizes = {**sizes, unknown[0]: rest}
         self.order = order
         self.tokenizers = tokenizers
         self.unavailable = unavailable
@@ -337,10 +361,17 @@ class MagpieText:
         self.text_eos_id = None if self.text_bos_id is None else self.text_bos_id + 1
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], text_vocab_size: Optional[int] = None) -> "MagpieText":
+    def from_config(cls, cfg: Mapping[str, Any], text_vocab_size: Optional[int] = None,
+                    nemo_path: Optional[Any] = None) -> "MagpieText":
         """From model_config.yaml as a dict (the whole config: its `text_tokenizers`, its
         `language_to_tokenizer_mapping` and `nemo_version`). `text_vocab_size`, the model's text
-        embedding rows when known, is checked against the tokenizers' total + 2."""
+        embedding rows when known, is checked against the tokenizers' total + 2. `nemo_path`, the
+        `.nemo` the config came from, is where the phoneme tokenizers' `nemo:` dictionaries are read.
+        A tokenizer that cannot be built (a missing dictionary, Mandarin, Japanese) does not fail
+        the load: `encode` raises for its languages only."""
+        from .ipa_tokenizer import NemoArtifacts, build_ipa_tokenizer
+
+        artifacts = NemoArtifacts(nemo_path)
         section = cfg.get("text_tokenizers")
         if not isinstance(section, Mapping) or not section:
             raise MetalgenError("the Magpie config has no text_tokenizers section")
@@ -348,7 +379,7 @@ class MagpieText:
             raise MetalgenError("Magpie checkpoints with legacy_text_conditioning are not supported")
         nemo_version = cfg.get("nemo_version")
         order = [str(n) for n in section]
-        tokenizers: Dict[str, CharTokenizer] = {}
+        tokenizers: Dict[str, Any] = {}
         unavailable: Dict[str, str] = {}
         sizes: Dict[str, Optional[int]] = {}
         for name in order:
@@ -358,6 +389,16 @@ class MagpieText:
                 tok = build_char_tokenizer(name, tc, nemo_version)
                 tokenizers[name] = tok
                 sizes[name] = len(tok.tokens)
+            elif cls_name == "IPATokenizer":
+                try:
+                    tok = build_ipa_tokenizer(name, tc, nemo_version, artifacts)
+                except MetalgenError as e:
+                    why = str(e).replace(f"Magpie tokenizer '{name}': ", "", 1)
+                    unavailable[name] = f"its tokenizer '{name}' cannot be built: {why}"
+                    sizes[name] = None
+                else:
+                    tokenizers[name] = tok
+                    sizes[name] = len(tok.tokens)
             else:
                 unavailable[name] = _unavailable_reason(name, tc)
                 sizes[name] = None

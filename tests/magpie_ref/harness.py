@@ -62,3 +62,26 @@ def reference_model(folder: Path) -> dict:
     cfg, weights = read_nemo(folder / "magpie.nemo")
     return dict(npz=np.load(folder / "magpie.npz"), meta=json.loads((folder / "magpie.json").read_text()),
                 cfg=cfg, weights=weights, model=Model.from_weights(cfg, weights, source=str(folder / "magpie.nemo")))
+
+
+G2P_SCRIPT = HERE / "make_g2p_reference.py"
+G2P_MARKER = "g2p.json"
+
+
+def g2p_reference_folder() -> Path:
+    """The folder of make_g2p_reference.py's dump (g2p.json, g2p.nemo), made once per script version in
+    its own cache folder, or the calling test skipped when the venv is missing.
+    METALGEN_MAGPIE_G2P_REF=/dir uses an existing dump."""
+    import pytest
+
+    given = os.environ.get("METALGEN_MAGPIE_G2P_REF")
+    if given:
+        if not (Path(given) / G2P_MARKER).exists():
+            pytest.skip(f"{given} holds no Magpie G2P reference dump")
+        return Path(given)
+    py = venv_python()
+    if not (VENV / "READY").exists() or not py.exists():
+        failed = VENV / "FAILED"
+        why = failed.read_text().strip() if failed.exists() else "it has not been created"
+        pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
+    return cached_dump(VENV, G2P_SCRIPT, G2P_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
