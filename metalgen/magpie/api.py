@@ -134,7 +134,10 @@ def find_codec(model_path: Path, config: dict, codec: Optional[PathLike] = None)
             return group[0]
     if stored and _looks_like_hub_id(str(stored)):
         # NeMo loads it with from_pretrained: the published config names the codec's hub repo.
-        return _nemo_in(_hub_folder(str(stored), None), str(stored), codec=True)
+        try:
+            return _nemo_in(_hub_folder(str(stored), None), f"the hub repo {stored}", codec=True)
+        except MetalgenError as e:
+            raise MetalgenError(f"no NanoCodec for {model_path.name}: {e}; pass codec=<path to the codec .nemo>")
     where = f"its stored codecmodel_path {stored} does not exist, and " if stored else ""
     found = f"{len(others)} other .nemo files" if others else "no other .nemo file"
     raise MetalgenError(
