@@ -296,7 +296,7 @@ def load(path: PathLike, codec: Optional[PathLike] = None, dtype=None, revision:
     model = Model.from_weights(config, weights, source=str(path))
     if dtype is not None:
         model.set_dtype(parse_dtype(dtype))
-    text = MagpieText.from_config(config, text_vocab_size=model.args.text_vocab_size)
+    text = MagpieText.from_config(config, text_vocab_size=model.args.text_vocab_size, nemo_path=path)
     nano = load_codec(codec_path)
     a, c = model.args, nano.args
     if (a.num_codebooks, a.codebook_size) != (c.num_codebooks, c.codebook_size):
