@@ -13,11 +13,12 @@ import pytest
 
 from magpie_ref.harness import reference_folder
 from metalgen.errors import MetalgenError
+from metalgen.magpie.codec_file import load_codec
 from metalgen.models.magpie.codec import (
     CodecActivation,
     NanoCodecArgs,
+    SymmetricConv,
     grouped_conv_transpose1d,
-    load_codec,
     sanitize,
 )
 
@@ -140,3 +141,61 @@ def test_fsq_values_and_config_refusals():
     bad = {**CONFIG, "vector_quantizer": {"_target_": "x.ResidualVectorQuantizer"}}
     with pytest.raises(MetalgenError, match="quantizer"):
         NanoCodecArgs.from_config(bad)
+
+
+# --- the encoder (cloning); its parity with NeMo is in tests/test_magpie_clone.py -----------------
+
+
+ENCODER = {"_target_": "x.HiFiGANEncoder", "encoded_dim": 4, "down_sample_rates": [4, 4], "base_channels": 2,
+           "resblock_kernel_sizes": [3], "resblock_dilation_sizes": [1], "pad_mode": "replicate"}
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("kernel, stride, dilation, padding", [(7, 1, 1, None), (3, 1, 3, None), (8, 4, 1, 2)])
+def test_symmetric_conv_matches_torch(mode, kernel, stride, dilation, padding):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(kernel * 10 + dilation)
+    pad = padding if padding else (kernel * dilation - dilation) // 2
+    conv = torch.nn.Conv1d(3, 5, kernel, stride, padding=pad, dilation=dilation, padding_mode=mode)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(2, 3, 24, generator=g)
+    with torch.no_grad():
+        want = conv(x).numpy()
+    ours = SymmetricConv(3, 5, kernel, stride, dilation, padding, mode)
+    ours.conv.weight = mx.array(conv.weight.detach().numpy().transpose(0, 2, 1))
+    ours.conv.bias = mx.array(conv.bias.detach().numpy())
+    got = np.array(ours(mx.array(x.numpy().transpose(0, 2, 1)))).transpose(0, 2, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fsq_quantize_inverts_dequantize_and_encoder_shapes():
+    from metalgen.models.magpie.codec import NanoCodec
+
+    cfg = {**CONFIG, "samples_per_frame": 16, "audio_encoder": ENCODER}
+    codec = NanoCodec(NanoCodecArgs.from_config(cfg), encoder=True)
+    codes = mx.array(np.arange(56).reshape(1, 2, 28) % 56)
+    # Dequantized values times L // 2 are the integer levels k; inputs whose compressed value is
+    # 0.99 k (the ends are only reached asymptotically) round back to k, so give the same codes.
+    L = np.array([8, 7], np.float32)
+    scale = (L - 1) / 2 * (1 - 1e-3)
+    offset = np.where(L % 2 == 0, 0.5, 0.0).astype(np.float32)
+    grid = np.array(codec.dequantize(codes)).transpose(0, 2, 1).reshape(1, 28, 2, 2) * (L // 2) * 0.99
+    x = np.arctanh((grid + offset) / scale) - np.tan(offset / scale)
+    got = codec.quantize(mx.array(x.reshape(1, 28, 4).astype(np.float32)))
+    np.testing.assert_array_equal(np.array(got), np.array(codes))
+    assert codec.encode(mx.zeros((1, 50))).shape == (1, 2, 4)  # 50 samples -> 4 frames of 16
+
+
+def test_encoder_config_refusals():
+    from metalgen.models.magpie.codec import NanoCodec
+
+    args = NanoCodecArgs.from_config({**CONFIG, "audio_encoder": {**ENCODER, "_target_": "x.ResNetEncoder"}})
+    assert args.encoder is None and "ResNetEncoder" in args.encoder_error
+    with pytest.raises(MetalgenError, match="cannot encode audio: unsupported codec encoder 'ResNetEncoder'"):
+        NanoCodec(args, encoder=True)
+    args = NanoCodecArgs.from_config({**CONFIG, "audio_encoder": {**ENCODER, "down_sample_rates": [4, 2]}})
+    assert "down-samples by 8, not samples_per_frame 16" in args.encoder_error
+    with pytest.raises(MetalgenError, match="loaded without its encoder"):
+        NanoCodec(NanoCodecArgs.from_config(CONFIG)).encode(mx.zeros((1, 32)))

@@ -287,7 +287,7 @@ def load(path: PathLike, codec: Optional[PathLike] = None, dtype=None, revision:
     that file exists, else a `.nemo` beside the model, else `codecmodel_path` as a hub id (see
     find_codec). `dtype` casts the transformer's weights (the `.nemo` holds float32); the codec
     stays float32."""
-    from ..models.magpie.codec import load_codec
+    from .codec_file import load_codec
     from ..models.magpie.model import Model
 
     path = resolve_nemo(path, revision)

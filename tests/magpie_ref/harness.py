@@ -85,3 +85,26 @@ def g2p_reference_folder() -> Path:
         why = failed.read_text().strip() if failed.exists() else "it has not been created"
         pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
     return cached_dump(VENV, G2P_SCRIPT, G2P_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
+
+
+CLONE_SCRIPT = HERE / "make_clone_reference.py"
+CLONE_MARKER = "clone.npz"
+
+
+def clone_reference_folder() -> Path:
+    """The folder of make_clone_reference.py's dump (clone.npz, clone.json, clone.nemo, clone_s2tc.nemo,
+    codec_*.nemo, clip.wav), made once per script version in its own cache folder, or the calling test
+    skipped when the venv is missing. METALGEN_MAGPIE_CLONE_REF=/dir uses an existing dump."""
+    import pytest
+
+    given = os.environ.get("METALGEN_MAGPIE_CLONE_REF")
+    if given:
+        if not (Path(given) / CLONE_MARKER).exists():
+            pytest.skip(f"{given} holds no Magpie cloning reference dump")
+        return Path(given)
+    py = venv_python()
+    if not (VENV / "READY").exists() or not py.exists():
+        failed = VENV / "FAILED"
+        why = failed.read_text().strip() if failed.exists() else "it has not been created"
+        pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
+    return cached_dump(VENV, CLONE_SCRIPT, CLONE_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})

@@ -118,6 +118,12 @@ class MagpieArgs:
     context_audio_bos_id: int
     context_audio_eos_id: int
     mask_token_id: int
+    # Reference-audio cloning (checkpoints without baked speakers): the context encoder's stack,
+    # the context duration NeMo's inference feeds it (min, max seconds) and whether the checkpoint
+    # was trained with text conditioning (which pads the audio context, see Model.encode_context).
+    context_encoder: Optional[StackArgs] = None
+    context_duration: Tuple[float, float] = (5.0, 5.0)
+    text_conditioning: bool = False
 
     @property
     def n_heads_out(self) -> int:
@@ -228,6 +234,11 @@ class MagpieArgs:
             context_audio_bos_id=int(cfg.get("forced_context_audio_bos_id", special(CONTEXT_BOS))),
             context_audio_eos_id=int(cfg.get("forced_context_audio_eos_id", special(CONTEXT_EOS))),
             mask_token_id=int(cfg.get("forced_mask_token_id", special(MASK_TOKEN))),
+            # NeMo builds the context encoder for decoder_ce but leaves it out of baked checkpoints.
+            context_encoder=(StackArgs.from_dict("context_encoder", cfg["context_encoder"])
+                             if not n_speakers and cfg.get("context_encoder") else None),
+            context_duration=(float(cfg.get("context_duration_min", 5.0)), float(cfg.get("context_duration_max", 5.0))),
+            text_conditioning=bool(cfg.get("use_text_conditioning_encoder", False)),
         )
 
 
@@ -514,7 +525,8 @@ class Model(nn.Module):
     """MagpieTTSModel's inference modules, attribute names = state-dict keys:
     text_embedding, encoder, decoder, final_proj, audio_embeddings.{j}, local_transformer(+ its
     in-projection when narrower than the decoder), local_transformer_out_projections.{j},
-    baked_context_embedding (+ baked_context_embedding_len)."""
+    baked_context_embedding (+ baked_context_embedding_len), or context_encoder when no speakers
+    are baked (reference-audio cloning)."""
 
     def __init__(self, args: MagpieArgs):
         super().__init__()
@@ -537,6 +549,8 @@ class Model(nn.Module):
         if a.n_speakers:
             self.baked_context_embedding = nn.Embedding(a.n_speakers, a.baked_context_len * a.d_model)
             self.baked_context_embedding_len = mx.zeros((a.n_speakers,), dtype=mx.int32)
+        if a.context_encoder is not None:
+            self.context_encoder = Transformer(a.context_encoder)
 
     # ----------------------------------------------------------------------------- loading
 
@@ -549,12 +563,10 @@ class Model(nn.Module):
         for key, value in weights.items():
             if key.endswith(".causal_mask") or key.startswith("_codec_model."):
                 continue
-            if key.startswith("context_encoder."):
-                # A baked checkpoint has none (NeMo excludes it on save); one without baked
-                # speakers needs reference-audio cloning, which this port does not do.
-                if a.n_speakers:
-                    continue
-                raise MetalgenError("Magpie checkpoints without baked speakers (context encoder) are not supported")
+            if key.startswith("context_encoder.") and a.n_speakers:
+                continue  # NeMo drops it on save when speakers are baked; never used then
+            if key.startswith("context_text_embedding."):
+                continue  # legacy text conditioning's own table: only a text context reads it
             if key in ("_baked_embedding_T", "_baked_embedding_D"):
                 want = a.baked_context_len if key.endswith("T") else a.d_model
                 if int(np.asarray(value)) != want:
@@ -606,6 +618,27 @@ class Model(nn.Module):
             raise MetalgenError(f"Magpie speaker index {index} is outside [0, {a.n_speakers - 1}]")
         row = self.baked_context_embedding.weight[int(index)]  # (T_ctx * d,)
         return row.reshape(1, a.baked_context_len, a.d_model)
+
+    def encode_context(self, codes: mx.array, rows: Optional[int] = None) -> mx.array:
+        """A reference clip's codec codes (B, C, T), without special tokens -> the speaker context
+        (B, T_ctx, d) that `speaker_context` gives for a baked speaker, as NeMo's inference makes it:
+        context BOS and EOS around the codes, `embed_codes` (T_ctx = ceil((T + 2) / S)), then the
+        non-causal context encoder with every row valid.
+
+        `rows`: the row count when NeMo pads the context with zero rows first (text-conditioning
+        checkpoints; metalgen.magpie.clone computes it); None: no padding."""
+        a = self.args
+        if "context_encoder" not in self:
+            raise MetalgenError("this Magpie checkpoint has no context encoder, so it cannot clone a voice")
+        B, C, _ = codes.shape
+        bos = mx.full((B, C, 1), a.context_audio_bos_id, dtype=mx.int32)
+        eos = mx.full((B, C, 1), a.context_audio_eos_id, dtype=mx.int32)
+        x = self.embed_codes(mx.concatenate([bos, codes.astype(mx.int32), eos], axis=2))  # (B, ceil((T + 2) / S), d)
+        if rows is not None:
+            if rows > x.shape[1]:
+                x = mx.pad(x, [(0, 0), (0, rows - x.shape[1]), (0, 0)])
+            x = x[:, :rows]
+        return self.context_encoder(x)
 
     def embed_codes(self, codes: mx.array) -> mx.array:
         """Codes (B, C, T) -> decoder input rows (B, ceil(T / S), d): the mean over the C * S
