@@ -60,7 +60,8 @@ def test_lists(capsys):
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input(tmp_path, capsys, extra, message, stream):
     out = tmp_path / "x.wav"
-    args = [*TINY, "--text", "Hello.", "--out", str(out), "--max-frames", "4", *extra] + (["--stream"] if stream else [])
+    args = [*TINY, "--text", "Hello.", "--out", str(out), "--max-frames", "4", *extra]
+    args += ["--stream"] if stream else []
     assert main(args) == 1
     err = _err(capsys)
     assert err.startswith("metalgen: error: ") and message in err

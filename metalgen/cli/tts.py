@@ -72,7 +72,8 @@ def add_parser(sub) -> None:
                         "or the codec's hub repo)")
     m.add_argument("--cfg-scale", type=float, default=None,
                    help="classifier-free guidance scale (default: the checkpoint's, 2.5)")
-    m.add_argument("--no-cfg", action="store_true", help="turn classifier-free guidance off (twice as fast)")
+    m.add_argument("--no-cfg", action="store_true",
+                   help="turn classifier-free guidance off (one decoder row instead of two)")
     p.add_argument("--verbose", action="store_true")
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import numpy as np

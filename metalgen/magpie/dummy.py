@@ -21,7 +21,7 @@ and `ja` is refused with the phoneme front end's one-line error. The speech is n
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
@@ -102,7 +102,8 @@ def _magpie(d: int, enc_layers: int, dec_layers: int, heads: int, stacking: int,
     )
 
 
-def _codec(rates: List[int], channels: int, sample_rate: int, kernels=(3, 7, 11), dilations=(1, 3, 5)) -> Dict[str, Any]:
+def _codec(rates: List[int], channels: int, sample_rate: int, kernels=(3, 7, 11),
+           dilations=(1, 3, 5)) -> Dict[str, Any]:
     """The codec's model_config.yaml: GroupFiniteScalarQuantizer + CausalHiFiGANDecoder."""
     samples = 1
     for r in rates:
