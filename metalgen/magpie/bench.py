@@ -9,6 +9,7 @@ Two kinds of run, on a fixed English sentence, speaker 0, seed fixed, CFG on by 
   faster), **TTFA** = the call to the first audio chunk on the host (text encoding included).
 - split, the same work through the model's own methods with a barrier after each part:
   **text encoder** (`encode_text` + the decoder's cross-attention keys and values, once per
+  utterance), **prefill** (the decoder on the speaker context and the BOS block, once per
   utterance), **decoder step** (`decoder_hidden` on one new position with the self-attention
   cache, both CFG rows, the attention prior on its layers), **local transformer** (the C * S
   cached `local_step`s of a decoder step, CFG-combined, masked and drawn on the device, each code
@@ -42,6 +43,7 @@ class MagpieBenchResult:
     engine: str
     frames: int
     text_encoder_ms: float  # once per utterance
+    prefill_ms: float  # the decoder on [speaker context ; BOS], once per utterance
     decoder_step_ms: float  # per decoder step (frame_stacking_factor frames)
     local_transformer_step_ms: float  # per decoder step: C * S draws
     decoder_frame_ms: float
@@ -113,7 +115,7 @@ class SplitParts:
         return self.memory_kv
 
     def prefill(self):
-        """[speaker context ; BOS block] into a fresh decoder cache; not one of the timed parts."""
+        """[speaker context ; BOS block] into a fresh decoder cache (once per utterance)."""
         m, a = self.model, self.a
         ctx = m.speaker_context(self.speaker)
         if self.cfg:
@@ -171,7 +173,7 @@ def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_fram
     S = tts.model.args.frame_stacking_factor
     steps = frames // S
     t_text = _timed(parts.text)
-    mx.eval(parts.prefill())
+    t_prefill = _timed(parts.prefill)
     stream = CodecStream(tts.codec, chunk_frames, first_chunk_frames)
     t_dec = t_lt = t_codec = 0.0
     for n in range(steps):
@@ -187,7 +189,7 @@ def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_fram
     for _ in stream.flush():
         pass
     t_codec += time.perf_counter() - tic
-    return dict(text=t_text, decoder_step=t_dec / max(steps - 1, 1), local_step=t_lt / steps,
+    return dict(text=t_text, prefill=t_prefill, decoder_step=t_dec / max(steps - 1, 1), local_step=t_lt / steps,
                 codec_frame=t_codec / frames)
 
 
@@ -222,7 +224,8 @@ def run_magpie_bench(tts, *, frames: int = 64, runs: int = 3, seed: int = 0, cfg
     per_frame = dict(decoder_frame_ms=med["decoder_step"] / S, local_transformer_frame_ms=med["local_step"] / S,
                      codec_frame_ms=med["codec_frame"])
     result = MagpieBenchResult(
-        engine="metalgen", frames=frames, text_encoder_ms=med["text"], decoder_step_ms=med["decoder_step"],
+        engine="metalgen", frames=frames, text_encoder_ms=med["text"], prefill_ms=med["prefill"],
+        decoder_step_ms=med["decoder_step"],
         local_transformer_step_ms=med["local_step"], **per_frame, split_frame_ms=sum(per_frame.values()),
         frame_ms=wall / frames * 1e3, rtf=frames * frame_s / wall, ttfa_ms=statistics.median(ttfas) * 1e3,
         peak_memory_gb=max(peaks) / 1e9,
