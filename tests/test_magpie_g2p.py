@@ -23,28 +23,48 @@ TT = "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers."
 G2P = "nemo.collections.tts.g2p.models.i18n_ipa.IpaG2p"
 
 
+def text_config(folder):
+    """model_config.yaml of the dump's tiny `.nemo` (which holds no weights)."""
+    import yaml
+
+    with tarfile.open(folder / "g2p.nemo") as tar:
+        return yaml.safe_load(tar.extractfile("./model_config.yaml").read().decode("utf-8"))
+
+
 @pytest.fixture(scope="module")
 def dump():
-    from metalgen.magpie.nemo_file import _read_config
-
     folder = g2p_reference_folder()
     ref = json.loads((folder / "g2p.json").read_text())
-    nemo = folder / "g2p.nemo"
-    with tarfile.open(nemo) as tar:
-        cfg = _read_config(nemo, tar, tar.getmember("./model_config.yaml"))
-    text = MagpieText.from_config(cfg, text_vocab_size=ref["text_eos_id"] + 1, nemo_path=nemo)
+    # No text_vocab_size: every size, Mandarin's included, must come from the tokenizers themselves.
+    text = MagpieText.from_config(text_config(folder), nemo_path=folder / "g2p.nemo")
     return ref, text
 
 
 def test_vocabularies_offsets_and_specials(dump):
     ref, text = dump
     assert text.order == ref["tokenizer_order"]
-    assert not text.unavailable
+    assert sorted(text.unavailable) == ref["unencodable"]
     for name in ref["tokenizer_order"]:
-        assert text.tokenizers[name].tokens == ref["tokens"][name], name
         assert text.offsets[name] == ref["offsets"][name], name
+        if name in text.unavailable:  # Mandarin: only its vocabulary, from its pinyin dictionary
+            assert text.sizes[name] == len(ref["tokens"][name]), name
+            continue
+        assert text.tokenizers[name].tokens == ref["tokens"][name], name
         assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
     assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+
+
+def test_mandarin_vocabulary_and_refusal(dump):
+    from metalgen.magpie.ipa_tokenizer import NemoArtifacts
+    from metalgen.magpie.unbuilt_sizes import mandarin_tokens
+
+    ref, text = dump
+    folder = g2p_reference_folder()
+    cfg = text_config(folder)
+    tokens = mandarin_tokens(cfg["text_tokenizers"]["mandarin_phoneme"], NemoArtifacts(folder / "g2p.nemo").read_text)
+    assert tokens == ref["tokens"]["mandarin_phoneme"]
+    with pytest.raises(MetalgenError, match=r"^Magpie language 'zh': .*Mandarin.*jieba and pypinyin"):
+        text.encode("\u4f60\u597d", "zh")
 
 
 def test_every_sentence_matches_nemo(dump):
@@ -53,6 +73,8 @@ def test_every_sentence_matches_nemo(dump):
     for lang, entry in ref["languages"].items():
         name = entry["tokenizer"]
         assert text.tokenizer_name(lang) == name
+        if name in text.unavailable:
+            continue
         tok, offset = text.tokenizers[name], text.offsets[name]
         for s in entry["sentences"]:
             where = f"{lang}: {s['text']!r}"
@@ -220,3 +242,20 @@ def test_missing_dictionary_fails_only_its_language(tmp_path):
     # Given the text embedding's size, the tokenizer after it keeps working.
     text = MagpieText.from_config(cfg, text_vocab_size=70 + 45 + 2, nemo_path=nemo)
     assert text.encode("hi", "en_chars") == [70 + 8, 70 + 9, text.text_eos_id]
+
+
+def test_sizes_of_tokenizers_that_cannot_encode(tmp_path):
+    zh = ";;; pinyin\nni\tn i\nhao\tx au\nhao\tx ɑu\n"
+    nemo = _nemo(tmp_path, {"0123_dict.txt": EN_DICT, "0123_het": "read\n", "0456_zh.txt": zh})
+    cfg = _config(french_chartokenizer={"_target_": "AutoTokenizer", "pretrained_model": "google/byt5-small"})
+    cfg["text_tokenizers"]["mandarin_phoneme"]["g2p"].update(
+        phoneme_dict="nemo:0456_zh.txt", phoneme_prefix="", phoneme_case="lower", ascii_letter_case="upper")
+    cfg["language_to_tokenizer_mapping"]["fr"] = "french_chartokenizer"
+    text = MagpieText.from_config(cfg, nemo_path=nemo)
+    n_en = len(text.tokenizers["english_phoneme"].tokens)
+    # space + {i, n, x, ɑu} + 5 tones + 26 letters + "'" + 34 punctuation marks + <pad> + <oov>
+    assert text.sizes["mandarin_phoneme"] == 1 + 4 + 5 + 26 + 1 + 34 + 2
+    assert text.sizes["french_chartokenizer"] == 384  # byt5: 3 specials + 256 bytes + 125 extra ids
+    assert text.text_bos_id == n_en + 73 + 45 + 384
+    with pytest.raises(MetalgenError, match="Hugging Face AutoTokenizer .google/byt5-small."):
+        text.encode("Bonjour", "fr")

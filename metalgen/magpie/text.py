@@ -370,6 +370,7 @@ class MagpieText:
         A tokenizer that cannot be built (a missing dictionary, Mandarin, Japanese) does not fail
         the load: `encode` raises for its languages only."""
         from .ipa_tokenizer import NemoArtifacts, build_ipa_tokenizer
+        from .unbuilt_sizes import unbuilt_size
 
         artifacts = NemoArtifacts(nemo_path)
         section = cfg.get("text_tokenizers")
@@ -401,7 +402,8 @@ class MagpieText:
                     sizes[name] = len(tok.tokens)
             else:
                 unavailable[name] = _unavailable_reason(name, tc)
-                sizes[name] = None
+                # Its size may still be knowable (byt5, Mandarin's dictionary): later offsets need it.
+                sizes[name] = unbuilt_size(tc, artifacts.read_text)
 
         mapping = cfg.get("language_to_tokenizer_mapping")
         language_map: Dict[str, str] = {}

@@ -157,6 +157,18 @@ mundo  ˈmũdu
 coração  koɾaˈsɐ̃w̃
 """
 
+# Pinyin dictionary (syllable TAB phonemes); a repeated syllable replaces the earlier line.
+ZH_DICT = """\
+;;; tiny pinyin dictionary
+a\ta
+ba\tp a
+NI\tn i
+hao\tx au
+hao\tx ɑu
+zhong\tʈʂ ʊŋ
+guo\tk u o
+"""
+
 FILES = {
     "en_dict": ("ipa_cmudict-tiny.txt", EN_DICT),
     "en_het": ("heteronyms-tiny", EN_HETERONYMS),
@@ -169,6 +181,7 @@ FILES = {
     "fr_dict": ("fr_FR_tiny.dict", FR_DICT),
     "hi_dict": ("hi_IN_tiny.dict", HI_DICT),
     "pt_dict": ("pt_BR_tiny.dict", PT_DICT),
+    "zh_dict": ("ipa_dict_tiny.txt", ZH_DICT),
 }
 # What NeMo's save_to names an artifact: a 32-hex uuid, "_", the file's name (fixed here so the
 # dump is reproducible).
@@ -198,6 +211,13 @@ TOKENIZERS = {
     "spanish_phoneme": ipa("es-ES", "es_dict", None, dict(punct=True, apostrophe=True, pad_with_space=True),
                            **PUBLISHED_LIKE),
     "english": {"_target_": TT + "EnglishCharsTokenizer", "punct": True, "apostrophe": True, "pad_with_space": False},
+    # As the published Mandarin entry: metalgen cannot encode with it, but needs its vocabulary size.
+    "mandarin_phoneme": {
+        "_target_": TT + "ChinesePhonemesTokenizer", "punct": True, "apostrophe": True, "pad_with_space": True,
+        "g2p": {"_target_": "nemo.collections.tts.g2p.models.zh_cn_pinyin.ChineseG2p",
+                "phoneme_dict": nemo_ref("zh_dict"), "word_segmenter": "jieba", "phoneme_prefix": "",
+                "phoneme_case": "lower", "tone_prefix": "#", "ascii_letter_prefix": "", "ascii_letter_case": "upper"},
+    },
     "german_phoneme": ipa("de-DE", "de_dict", "de_het", dict(punct=True, apostrophe=True, pad_with_space=True),
                           grapheme_case="mixed", grapheme_prefix="#", **PUBLISHED_LIKE),
     "italian_phoneme": ipa("it-IT", "it_dict", "it_het", dict(punct=True, apostrophe=True, pad_with_space=True),
@@ -213,7 +233,7 @@ TOKENIZERS = {
 LANGUAGES = {
     "en": "english_phoneme", "en_plain": "english_plain", "es": "spanish_phoneme", "en_chars": "english",
     "de": "german_phoneme", "it": "italian_phoneme", "vi": "vietnamese_phoneme", "fr": "french_phoneme",
-    "hi": "hindi_phoneme", "pt": "portuguese_phoneme",
+    "hi": "hindi_phoneme", "pt": "portuguese_phoneme", "zh": "mandarin_phoneme",
 }
 
 EN = [
@@ -309,8 +329,23 @@ def write_nemo(out: Path, cfg: dict) -> None:
             add(tar, f"{HEX[key]}_{name}", text.encode("utf-8"))
 
 
+def stub_chinese_segmenters() -> None:
+    """ChineseG2p imports jieba, pypinyin and pypinyin_dict in its constructor, which the venv lacks;
+    they only matter when encoding, so empty stand-ins let NeMo build the tokenizer's vocabulary."""
+    import types
+
+    for name in ("jieba", "pypinyin", "pypinyin_dict", "pypinyin_dict.pinyin_data"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules["jieba"].cut = lambda text: [text]
+    sys.modules["pypinyin"].Style = object
+    sys.modules["pypinyin"].lazy_pinyin = lambda *a, **k: []
+    sys.modules["pypinyin_dict.pinyin_data"].cc_cedict = types.SimpleNamespace(load=lambda: None)
+
+
 def main(out: Path) -> None:
     from omegaconf import OmegaConf
+
+    stub_chinese_segmenters()
 
     from nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers import IPATokenizer
     from nemo.collections.tts.data.text_to_speech_dataset_lhotse import setup_tokenizers
@@ -351,11 +386,13 @@ def main(out: Path) -> None:
         "locale_specific_punct": {n: bool(conf.text_tokenizers[n].get("locale_specific_punct", True))
                                   for n in agg.tokenizer_names},
         "languages": {},
+        # Built with stand-in segmenters: only its vocabulary counts.
+        "unencodable": ["mandarin_phoneme"],
     }
     for lang, name in LANGUAGES.items():
         tok = agg.tokenizers[name]
         entries = []
-        for text in SENTENCES[lang]:
+        for text in SENTENCES.get(lang, ()):  # none for the unencodable Mandarin
             try:
                 entry = {"text": text, "ids": agg.encode(text, name)}
             except IndexError:
