@@ -56,7 +56,6 @@ _NOT_WORD_CHAR = re.compile(f"[^{WORD_CHARS}\\d]")
 # Dictionary lines start with one of these (others, e.g. ";;;" comments, are skipped).
 _ENTRY_START = re.compile(f"[{_LATIN}{_INDIC}{_KOREAN}']")
 _VARIANT_MARK = re.compile(r"\([0-9]+\)")
-_WHITESPACE = re.compile(r"\s+")
 
 
 def _word_splitter(letters: str) -> "re.Pattern[str]":
@@ -128,16 +127,22 @@ def parse_dictionary(text: str, source: str = "dictionary") -> Pronunciations:
     whitespace-separated field is the word (a `(2)` variant mark removed), the rest with all
     whitespace removed is the pronunciation, one symbol per character. Other lines are skipped."""
     entries: Pronunciations = {}
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-        line = nfc(line)
+    # NFC of the whole text equals NFC line by line (a line break never composes), and is one call.
+    for number, line in enumerate(file_lines(nfc(text)), 1):
         if not line or not _ENTRY_START.match(line[0]):
             continue
         parts = line.strip().split(maxsplit=1)
         if len(parts) < 2:
             raise MetalgenError(f"{source}, line {number}: the entry {parts[0]!r} has no pronunciation")
-        word = _VARIANT_MARK.sub("", parts[0])
-        entries.setdefault(word, []).append(list(_WHITESPACE.sub("", parts[1])))
+        word = _VARIANT_MARK.sub("", parts[0]) if "(" in parts[0] else parts[0]
+        # str.split() and re's \s agree on what whitespace is.
+        entries.setdefault(word, []).append(list("".join(parts[1].split())))
     return entries
+
+
+def file_lines(text: str) -> List[str]:
+    """The lines Python's text-mode file iteration yields (\r\n and \r read as \n; no other breaks)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def merge_dictionaries(sources: Sequence[Pronunciations]) -> Pronunciations:
@@ -153,7 +158,10 @@ def merge_dictionaries(sources: Sequence[Pronunciations]) -> Pronunciations:
 
 def parse_heteronyms(text: str) -> List[str]:
     """A heteronym file: one word per line, trailing whitespace removed (blank lines kept, harmlessly)."""
-    return [line.rstrip() for line in text.splitlines()]
+    lines = file_lines(text)
+    if lines and lines[-1] == "":
+        lines.pop()  # the end of the last line, not a line
+    return [line.rstrip() for line in lines]
 
 
 # ------------------------------------------------------------------------------ the G2P

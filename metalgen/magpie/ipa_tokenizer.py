@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import MetalgenError
-from .g2p import SUPPORTED_LOCALES, IpaG2p, merge_dictionaries, nfc, parse_dictionary, parse_heteronyms
+from .g2p import SUPPORTED_LOCALES, IpaG2p, merge_dictionaries, parse_dictionary, parse_heteronyms
+from .text import _version_tuple, any_locale_preprocess, describe_chars, english_preprocess_cased, locale_punctuation
 
 PathLike = Union[str, Path]
 
@@ -69,24 +70,6 @@ class NemoArtifacts:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise MetalgenError(f"the tokenizer file {ref} in {self.nemo_path} is not UTF-8 text: {e}")
-
-
-# ------------------------------------------------------------------------------ preprocessing
-
-_SYNOGLYPHS = {"\u2019": "'", "\u201d": '"', "\u201c": '"'}
-
-
-def english_preprocess_cased(text: str) -> str:
-    """english_text_preprocessing(lower=False): drop combining marks after NFD, curly quotes to ASCII."""
-    import unicodedata
-
-    text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-    return "".join(_SYNOGLYPHS.get(c, c) for c in text)
-
-
-def any_locale_preprocess(text: str) -> str:
-    """any_locale_text_preprocessing: NFC, and U+2019 as an apostrophe."""
-    return nfc(text).replace("\u2019", "'")
 
 
 # ------------------------------------------------------------------------------ the tokenizer
@@ -148,8 +131,6 @@ class IPATokenizer:
 
     def encode(self, text: str) -> List[int]:
         """The tokenizer's ids for `text` (MetalgenError naming any symbol it cannot map)."""
-        from .text import describe_chars
-
         kept, bad = self.symbols(text)
         if bad:
             raise MetalgenError(f"the Magpie tokenizer '{self.name}' cannot map {describe_chars(bad)}")
@@ -175,8 +156,6 @@ def _file_list(value: Any, what: str, name: str) -> List[str]:
 def build_ipa_tokenizer(name: str, tc: Mapping[str, Any], nemo_version: Any = None,
                         artifacts: Optional[NemoArtifacts] = None) -> IPATokenizer:
     """An IPATokenizer from its config entry, reading its dictionaries through `artifacts`."""
-    from .text import _version_tuple, locale_punctuation
-
     unknown = sorted(set(tc) - _TOKENIZER_ARGS)
     gc = tc.get("g2p") or {}
     g2p_cls = str(gc.get("_target_", "")).rsplit(".", 1)[-1]
@@ -184,7 +163,8 @@ def build_ipa_tokenizer(name: str, tc: Mapping[str, Any], nemo_version: Any = No
         raise MetalgenError(f"Magpie tokenizer '{name}': an IPATokenizer over {g2p_cls or 'no G2P'} is not supported")
     unknown += [f"g2p.{k}" for k in sorted(set(gc) - _G2P_ARGS)]
     if unknown:
-        raise MetalgenError(f"Magpie tokenizer '{name}' (IPATokenizer) has arguments it does not take: {', '.join(unknown)}")
+        raise MetalgenError(
+            f"Magpie tokenizer '{name}' (IPATokenizer) has arguments it does not take: {', '.join(unknown)}")
     if tc.get("fixed_vocab"):
         raise MetalgenError(f"Magpie tokenizer '{name}': IPATokenizer with fixed_vocab is not supported")
     if gc.get("apply_to_oov_word") is not None:

@@ -100,10 +100,15 @@ def grapheme_set(locale: str, case: str) -> str:
 _SYNOGLYPHS = {"\u2019": "'", "\u201d": '"', "\u201c": '"'}
 
 
+def english_preprocess_cased(text: str) -> str:
+    """english_text_preprocessing(lower=False): strip combining marks (NFD), curly quotes to ASCII."""
+    text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+    return "".join(_SYNOGLYPHS.get(c, c) for c in text)
+
+
 def english_preprocess(text: str) -> str:
     """Strip combining marks (NFD), map curly quotes to ASCII, lower-case."""
-    text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-    return "".join(_SYNOGLYPHS.get(c, c) for c in text).lower()
+    return english_preprocess_cased(text).lower()
 
 
 def any_locale_preprocess(text: str) -> str:

@@ -257,6 +257,10 @@ EN = [
     "Ellipsis... and double--hyphen and trailing-",
     "A",
     "Hello-",
+    "A read-only live's JONES'S AIRPORT'S CATS.",
+    "'Tis the zoo's quiz, see?",
+    "Xylophones support quizzes; see the zoos.",
+    "Hello\tworld\nnew line.",
 ]
 ES = [
     "Hola mundo, \u00bfqu\u00e9 tal est\u00e1s hoy?",
@@ -280,6 +284,8 @@ DE = [
     "  Hallo   Welt  ",
     "Er sagt\u2019s dir.",
     "Caf\u00e9 cr\u00e8me.",
+    "Das ist |Hallo Welt| hier.",
+    "MODERN und Modern, welt-modern.",
 ]
 IT = [
     "Ciao mondo, come stai oggi?",
@@ -302,9 +308,11 @@ FR = [
     "J'ai un ami.",
 ]
 HI = [
-    "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e, \u0906\u092a \u0915\u0948\u0938\u0947 \u0939\u0948\u0902?",
+    "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e, "
+    "\u0906\u092a \u0915\u0948\u0938\u0947 \u0939\u0948\u0902?",
     "\u0906\u092a \u0915\u0948\u0938\u0947 \u0939\u0948\u0902\u0964",
     "Hello \u0928\u092e\u0938\u094d\u0924\u0947.",
+    "\u0906\u092a \u0968 \u0939\u0948\u0902\u0965",
 ]
 PT = [
     "Ol\u00e1 mundo, cora\u00e7\u00e3o!",
