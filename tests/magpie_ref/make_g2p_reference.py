@@ -87,6 +87,17 @@ niño  ˈniɲo
 el  el
 El(2)  ˈel
 año  ˈaɲo
+palabras  paˈlabɾas
+desconocidas  deskonoˈθidas
+como  ˈkomo
+tengo  ˈteŋɡo
+gatos  ˈɡatos
+del  del
+y  i
+guion  ˈɡjon
+comillas  koˈmiʎas
+espacios  esˈpaθjos
+repetidos  repeˈtidos
 """
 
 DE_DICT = """\
@@ -119,6 +130,14 @@ perché  perˈke
 città  tʃitˈta
 àncora  ˈankora
 ancora  anˈkora
+la  la
+è  ɛ
+bella  ˈbɛlla
+una  ˈuna
+volta  ˈvɔlta
+l'amico  laˈmiko
+dell'uomo  delˈlwɔmo
+gatti  ˈɡatti
 """
 IT_HETERONYMS = "ancora\n"
 
@@ -141,6 +160,16 @@ homme  ɔm
 école  ekɔl
 eau  o
 lorsque  lɔʁskə
+de  də
+et  e
+il  il
+vient  vjɛ̃
+bonjour  bɔ̃ʒuʁ
+ça  sa
+va  va
+très  tʁɛ
+bien  bjɛ̃
+un  œ̃
 """
 
 HI_DICT = """\
