@@ -183,13 +183,14 @@ def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_fram
         for _ in stream.push(codes):
             pass
         t_codec += time.perf_counter() - tic
-        if n + 1 < steps:  # the last step's decoder call would feed a step never drawn
-            t_dec += _timed(parts.decoder)
+        # every step, the last included: the generation loop runs the decoder on each step's codes
+        # as part of the step (the last one's state goes unused)
+        t_dec += _timed(parts.decoder)
     tic = time.perf_counter()
     for _ in stream.flush():
         pass
     t_codec += time.perf_counter() - tic
-    return dict(text=t_text, prefill=t_prefill, decoder_step=t_dec / max(steps - 1, 1), local_step=t_lt / steps,
+    return dict(text=t_text, prefill=t_prefill, decoder_step=t_dec / steps, local_step=t_lt / steps,
                 codec_frame=t_codec / frames)
 
 
