@@ -259,3 +259,27 @@ def test_sizes_of_tokenizers_that_cannot_encode(tmp_path):
     assert text.text_bos_id == n_en + 73 + 45 + 384
     with pytest.raises(MetalgenError, match="Hugging Face AutoTokenizer .google/byt5-small."):
         text.encode("Bonjour", "fr")
+
+
+def test_french_elisions_and_indic_words():
+    fr = IpaG2p(parse_dictionary("ami ami\nil il\nhomme ɔm\n"), locale="fr-FR", use_chars=True,
+                grapheme_case="lower", grapheme_prefix="#")
+    assert "".join(fr("L'ami, lorsqu'il, l'homme")[0]) == "lami, loʁskil, lɔm"
+    assert "".join(fr("d'abord")[0]) == "#d#'#a#b#o#r#d"  # the rest is not in the dictionary
+    hi = IpaG2p(parse_dictionary("नमस्ते nəməsteː\n"), locale="hi-IN", use_chars=True)
+    # Devanagari digits are word characters; the danda is punctuation.
+    assert hi("नमस्ते २।")[0] == list("nəməsteː") + [" ", "२", "।"]
+
+
+def test_artifacts_by_path_and_by_file_name(tmp_path):
+    from metalgen.magpie.ipa_tokenizer import NemoArtifacts
+
+    local = tmp_path / "dict.txt"
+    local.write_text("HELLO həˈɫoʊ\n", encoding="utf-8")
+    nemo = _nemo(tmp_path, {"abc_dict.txt": "WORLD ˈwɝɫd\n", "old_name.txt": "CAT ˈkæt\n"})
+    art = NemoArtifacts(nemo)
+    assert art.read_text(str(local)).startswith("HELLO")
+    assert art.read_text("nemo:abc_dict.txt").startswith("WORLD")
+    assert art.read_text("/gone/when/saved/old_name.txt").startswith("CAT")  # NeMo's older layout
+    with pytest.raises(MetalgenError, match="nemo:missing.txt is not found in"):
+        art.read_text("nemo:missing.txt")
