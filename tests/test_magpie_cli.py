@@ -56,6 +56,7 @@ def test_lists(capsys):
     (["--ref-audio", "x.wav"], "--ref-audio applies to Qwen3-TTS checkpoints, not Magpie"),
     (["--chunk-frames", "0"], "--chunk-frames and --first-chunk-frames must be >= 1"),
     (["--max-frames", "0"], "Magpie max_frames must be at least 1"),
+    (["--max-frames", "1"], "Magpie max_frames must be at least 2: each decoder step makes 2 frames"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input(tmp_path, capsys, extra, message, stream):

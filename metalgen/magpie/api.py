@@ -230,6 +230,9 @@ class MagpieTTS:
         for key in ("max_frames", "min_frames", "top_k"):
             if key in given and int(given[key]) < (1 if key != "min_frames" else 0):
                 raise MetalgenError(f"Magpie {key} must be at least {1 if key != 'min_frames' else 0}")
+        S = self.model.args.frame_stacking_factor
+        if int(given.get("max_frames", S)) < S:
+            raise MetalgenError(f"Magpie max_frames must be at least {S}: each decoder step makes {S} frames")
         return MagpieSampling.from_config(self.config, **given) if given else self.sampling
 
     def prepare(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
