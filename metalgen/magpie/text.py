@@ -425,8 +425,8 @@ class MagpieText:
 
     @property
     def languages(self) -> List[str]:
-        """Every language the checkpoint maps to one of its tokenizers (some may be phoneme ones,
-        which `encode` refuses until their front end exists)."""
+        """Every language the checkpoint maps to one of its tokenizers (including those `encode`
+        refuses: Mandarin, Japanese, byt5, or a phoneme tokenizer whose dictionary is missing)."""
         return sorted(self.language_map)
 
     @property
