@@ -80,3 +80,16 @@ def test_stream_checks_before_the_first_chunk(tiny):
         tiny.stream("Hi.", "en", chunk_frames=0)
     with pytest.raises(MetalgenError, match="the text is empty"):
         tiny.stream("  ", "en")
+
+
+def test_speaker_context_passes_through(tiny):
+    # a speaker context (what voice cloning makes) is taken as is: a baked row as context gives the
+    # baked speaker's audio
+    import mlx.core as mx
+
+    ctx = tiny.model.speaker_context(2)
+    wav, _ = tiny.synthesize("Hello.", "en", ctx, seed=4, max_frames=6)
+    baked, _ = tiny.synthesize("Hello.", "en", "John", seed=4, max_frames=6)
+    np.testing.assert_array_equal(wav, baked)
+    with pytest.raises(MetalgenError, match=r"speaker context must be \(1, frames, 32\)"):
+        tiny.stream("Hello.", "en", mx.zeros((1, 4, 8)))

@@ -10,8 +10,8 @@
 NeMo's `do_tts` for one chunk: the text front end (metalgen/magpie/text.py) gives the tokenizer's
 ids + text EOS, `stream_codes` draws the codec codes frame by frame, and the NanoCodec decoder turns
 them into a float32 waveform, whole (`synthesize`) or chunk by chunk as the frames come
-(`stream`, metalgen/magpie/streaming.py). Not yet here: long-text chunking and reference-audio
-cloning.
+(`stream`, metalgen/magpie/streaming.py). `speaker` is a baked speaker (name or index) or a speaker
+context made from a reference clip (metalgen/magpie/clone.py). Not yet here: long-text chunking.
 """
 
 from __future__ import annotations
@@ -235,10 +235,17 @@ class MagpieTTS:
             raise MetalgenError(f"Magpie max_frames must be at least {S}: each decoder step makes {S} frames")
         return MagpieSampling.from_config(self.config, **given) if given else self.sampling
 
-    def prepare(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
-                **sampling) -> Tuple[List[int], int, MagpieSampling]:
-        """Every check a request needs before any work: (text ids, speaker row, sampling)."""
+    def prepare(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None, mx.array] = 0,
+                **sampling) -> Tuple[List[int], Union[int, mx.array], MagpieSampling]:
+        """Every check a request needs before any work: (text ids, speaker, sampling). The speaker
+        is a baked speaker's row, or a speaker context (1, T_ctx, d) passed through as given (the
+        output of metalgen.magpie.clone's reference_context, which the generation loop takes)."""
         ids = self.encode(text, language)
+        if isinstance(speaker, mx.array):
+            d = self.model.args.d_model
+            if speaker.ndim != 3 or speaker.shape[0] != 1 or speaker.shape[2] != d:
+                raise MetalgenError(f"a Magpie speaker context must be (1, frames, {d}), got {tuple(speaker.shape)}")
+            return ids, speaker, self.sampling_for(**sampling)
         return ids, self.speaker_index(speaker), self.sampling_for(**sampling)
 
     def codes(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
@@ -258,10 +265,10 @@ class MagpieTTS:
     def synthesize(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
                    cfg: bool = True, seed: Optional[int] = None, **sampling) -> Tuple[np.ndarray, int]:
         """(waveform float32, sample rate) for `text` in `language` (a code such as "en" or a name)
-        by baked `speaker` (an index or a name of `speakers`). `sampling` overrides the checkpoint's
-        inference parameters: `temperature` (0: greedy), `top_k`, `cfg_scale`, `max_frames`,
-        `min_frames` (codec frames before EOS may be drawn); `cfg` toggles classifier-free
-        guidance; `seed` makes sampling repeatable."""
+        by `speaker` (an index or a name of `speakers`, or a speaker context: see `prepare`).
+        `sampling` overrides the checkpoint's inference parameters: `temperature` (0: greedy),
+        `top_k`, `cfg_scale`, `max_frames`, `min_frames` (codec frames before EOS may be drawn);
+        `cfg` toggles classifier-free guidance; `seed` makes sampling repeatable."""
         codes = self.codes(text, language, speaker, cfg, seed, **sampling)
         return self.decode(codes), self.sample_rate
 
