@@ -99,7 +99,8 @@ def format_tts_table(report) -> str:
 
 def format_magpie_table(report) -> str:
     lines = [
-        f"backend {report['backend']} ({report['device']}), {report['model']}, weights {report['weight_gb']:.2f} GB "
+        f"backend {report['backend']} ({report['device']}), {report['model']}, {report['dtype']} weights "
+        f"{report['weight_gb']:.2f} GB "
         f"+ codec {report['codec_weight_gb']:.2f} GB, text {report['text_tokens']} tokens, {report['frames']} frames "
         f"x {report['frame_audio_ms']:.1f} ms ({report['codebooks']} codebooks, stacking {report['frame_stacking']}), "
         f"CFG {'on, scale ' + str(report['cfg_scale']) if report['cfg'] else 'off'}, chunks of "

@@ -254,6 +254,7 @@ def run_magpie_bench(tts, *, frames: int = 64, runs: int = 3, seed: int = 0, cfg
         "left_context": receptive_frames(tts.codec.args),
         "frame_audio_ms": frame_s * 1e3,
         "seed": seed,
+        "dtype": str(tts.model.final_proj.weight.dtype).replace("mlx.core.", ""),
         "weight_gb": sum(v.nbytes for _, v in tree_flatten(tts.model.parameters())) / 1e9,
         "codec_weight_gb": sum(v.nbytes for _, v in tree_flatten(tts.codec.parameters())) / 1e9,
         "results": [dataclasses.asdict(result)],
