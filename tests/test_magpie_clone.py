@@ -181,3 +181,14 @@ def test_context_shape_and_window_rules():
     clip = np.arange(10, dtype=np.float32)
     np.testing.assert_array_equal(context_window(clip, 1.5, 10, 4), np.concatenate([clip, clip[:2]]))
     np.testing.assert_array_equal(context_window(clip, 0.5, 10, 4), clip[:4])
+
+
+def test_codec_encoder_comes_from_the_codec_file_only():
+    from metalgen.magpie.codec_file import load_encoder
+
+    model, codec = _tiny(baked=False)
+    bare = NanoCodec(codec.args)  # decoder only, made in memory: no file to read the encoder from
+    with pytest.raises(MetalgenError, match="not loaded from a file"):
+        load_encoder(bare)
+    assert "not loaded from a file" in _error(model, bare, np.ones(16000, np.float32), sample_rate=1600)
+    assert load_encoder(codec) is codec  # has one already: nothing to read
