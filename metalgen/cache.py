@@ -67,6 +67,45 @@ class KVCache:
         return sum(a.nbytes for a in self.state)
 
 
+class StaticKVCache:
+    """Keys and values of one attention layer in a fixed buffer (B, kv_heads, capacity, head_dim),
+    written at a position held as an array: a step over it has the same shapes at every position,
+    so `mx.compile` traces it once. `update_and_fetch` returns the whole buffer; `key_mask`
+    (1, 1, 1, capacity) marks the positions written so far, which attention must mask with."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+        self.keys, self.values = keys, values
+        self.offset = offset  # () int32: the next position to write
+
+    @classmethod
+    def from_cache(cls, cache: KVCache, capacity: int) -> "StaticKVCache":
+        """A KVCache's valid positions copied into a buffer of `capacity` positions."""
+        if cache.offset > capacity:
+            raise MetalgenError(f"a static cache of {capacity} positions cannot hold {cache.offset}")
+        B, H, _, Dk = cache.keys.shape
+        pad = [(0, 0), (0, 0), (0, capacity - cache.offset), (0, 0)]
+        keys = mx.pad(cache.keys[..., : cache.offset, :], pad)
+        values = mx.pad(cache.values[..., : cache.offset, :], pad)
+        return cls(keys, values, mx.array(cache.offset, dtype=mx.int32))
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> Tuple[mx.array, mx.array]:
+        """Write k, v (B, kv_heads, L, head_dim) at the offset; return the whole buffers."""
+        start = self.offset.reshape(1)
+        self.keys = mx.slice_update(self.keys, k.astype(self.keys.dtype), start, axes=(2,))
+        self.values = mx.slice_update(self.values, v.astype(self.values.dtype), start, axes=(2,))
+        self.offset = self.offset + k.shape[2]
+        return self.keys, self.values
+
+    @property
+    def key_mask(self) -> mx.array:
+        """(1, 1, 1, capacity) bool: true for the positions written so far."""
+        return (mx.arange(self.keys.shape[2]) < self.offset)[None, None, None, :]
+
+    @property
+    def state(self) -> List[mx.array]:
+        return [self.keys, self.values]
+
+
 class LinearAttnCache:
     """The state of one Gated DeltaNet layer: the conv's last taps (B, kernel - 1, conv_dim) in the
     activations' dtype and the recurrent state (B, value_heads, key_head_dim, value_head_dim) in

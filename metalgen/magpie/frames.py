@@ -30,6 +30,7 @@ from typing import Iterator, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
+from ..cache import StaticKVCache
 from ..errors import MetalgenError
 from ..sampling import make_sampler
 from .generate import (
@@ -98,24 +99,104 @@ def _eos_position(codes: mx.array, eos_id: int, kind: str, S: int) -> mx.array:
     return mx.where(per_frame.any(), first, S)
 
 
-@dataclasses.dataclass
-class Step:
-    """One enqueued step: its codes (S, C) int32, its EOS position (scalar, S when none), and
-    the decoder's state and cross-attention probabilities at the next position."""
+class StepGraph:
+    """The arithmetic of one step as a function of arrays (plus the sampler's device state), in
+    the order of the module docstring. The decoder's caches are fixed-capacity (`StaticKVCache`,
+    the position an array), so a fused kernel can take a step's arrays as they are.
 
-    codes: mx.array
-    eos_at: mx.array
-    hidden: mx.array
-    probs: List[Optional[mx.array]]
-    attended: Optional[mx.array] = None
-    prior_row: Optional[mx.array] = None
+    `__call__(h, scores, last, counter, bad, offset, keys, values, memory_kv, memory_mask)`:
+    h (rows, d) the decoder state of step n, scores (L,) its alignment estimate, (last, counter)
+    the prior tracker, bad (V,) the additive mask of banned ids, offset the static caches' next
+    position, keys/values their buffers, memory_kv the text's per-layer cross-attention
+    keys/values, memory_mask (rows, L). Returns (codes (S, C) int32, eos_at (),
+    h_next, scores_next, last, counter, attended, prior_row, keys, values)."""
+
+    def __init__(self, model, sampling: MagpieSampling, cfg: bool, rows: int, use_prior: bool, sampler):
+        a = model.args
+        self.model, self.s, self.cfg, self.rows, self.use_prior = model, sampling, cfg, rows, use_prior
+        self.sampler = sampler
+        self.C, self.S, self.V = a.num_codebooks, a.frame_stacking_factor, a.num_tokens_per_codebook
+        self.eos_id = a.audio_eos_id
+        self.stream_kind, self.eos_kind = _EOS_METHODS[sampling.eos_detection]
+        n_layers = a.decoder.n_layers
+        self.n_layers = n_layers
+        self.est_layers = list(range(n_layers) if sampling.estimate_alignment_from_layers is None
+                               else sampling.estimate_alignment_from_layers)
+        self.prior_layers = (None if sampling.apply_prior_to_layers is None
+                             else set(sampling.apply_prior_to_layers))
+
+    def combine(self, logits: mx.array) -> mx.array:
+        """CFG: (rows, ...) -> (...) as scale * cond + (1 - scale) * uncond."""
+        if not self.cfg:
+            return logits[0]
+        g = self.s.cfg_scale
+        return g * logits[0] + (1.0 - g) * logits[1]
+
+    def draw(self, h: mx.array, bad: mx.array) -> mx.array:
+        """The local transformer's C * S draws from decoder states h (rows, d) -> (S, C) int32,
+        each from `metalgen.sampling`'s fused sampler (top-k, temperature, draw; argmax at 0)."""
+        m = self.model
+        cache = m.make_local_cache()  # NeMo resets the LT cache every decoder step
+        x = m.local_start(h)  # (rows, 1, hid)
+        codes = []
+        for j in range(self.C * self.S):  # j = stacked frame i * C + codebook c
+            logits = self.combine(m.local_step(x, j, cache=cache)) + bad  # (V,)
+            code, _ = self.sampler(logits[None])  # (1,)
+            codes.append(code)
+            x = m.local_embed(mx.broadcast_to(code, (self.rows,)), j)
+        return mx.concatenate(codes).reshape(self.S, self.C)
+
+    def decode(self, x, prior, offset, keys, values, memory_kv, memory_mask):
+        """Decoder rows x (rows, 1, d) at `offset` -> (last state (rows, d), alignment scores (L,),
+        keys, values)."""
+        caches = [StaticKVCache(k, v, offset) for k, v in zip(keys, values)]
+        layer_prior = prior
+        if prior is not None and self.prior_layers is not None:
+            layer_prior = [prior if i in self.prior_layers else None for i in range(self.n_layers)]
+        h, probs = self.model.decoder_hidden(x, memory_kv, memory_mask=memory_mask, attn_prior=layer_prior,
+                                             return_attention=True, cache=caches)
+        return h[:, -1], alignment_scores(probs, self.est_layers), [c.keys for c in caches], [c.values for c in caches]
+
+    def __call__(self, h, scores, last, counter, bad, offset, keys, values, memory_kv, memory_mask):
+        s, m = self.s, self.model
+        L = scores.shape[0]
+        prior = attended = prior_row = None
+        if self.use_prior:
+            prior_row, attended, state = advance_prior(scores, PriorState(last, counter), s.prior_window,
+                                                       s.prior_epsilon)
+            last, counter = state.last, state.counter
+            prior = prior_row[None, None]  # (1, 1, L); the CFG row keeps a flat epsilon prior
+            if self.rows > 1:
+                prior = mx.concatenate([prior, mx.full((self.rows - 1, 1, L), s.prior_epsilon)], axis=0)
+        codes = self.draw(h, bad)  # (S, C)
+        eos = mx.array(self.S, dtype=mx.int32)
+        if self.stream_kind == "both":
+            eos = _eos_position(codes, self.eos_id, self.eos_kind, self.S)
+        argmax = mx.argmax(self.combine(m.logits(h)).reshape(self.S * self.C, self.V) + bad, axis=-1)
+        eos = mx.minimum(eos, _eos_position(argmax.reshape(self.S, self.C), self.eos_id, self.eos_kind, self.S))
+        audio = m.embed_codes(codes.T[None])  # (1, 1, d)
+        x = mx.broadcast_to(audio, (self.rows,) + audio.shape[1:])
+        h, scores, keys, values = self.decode(x, prior, offset, keys, values, memory_kv, memory_mask)
+        if attended is None:
+            attended = mx.array(-1, dtype=mx.int32)
+            prior_row = mx.zeros((L,), dtype=mx.float32)
+        return codes, eos, h, scores, last, counter, attended, prior_row, keys, values
+
+
+def alignment_scores(probs: List[Optional[mx.array]], layers: List[int]) -> mx.array:
+    """Cross-attention probabilities (rows, H, T, L) per layer -> the conditional row's alignment
+    estimate for its last query (L,): the mean over heads, then over `layers`."""
+    return mx.stack([probs[i][0, :, -1].mean(axis=0) for i in layers]).mean(axis=0)
 
 
 class FrameLoop:
     """The cached generation of one utterance. `pieces()` yields (C, k) int64 code pieces.
 
     `model`: `metalgen.models.magpie.model.Model`; `text_ids` (L,) with text EOS last; `speaker`: a
-    baked speaker index or a context (1, T_ctx, d); `cfg`: classifier-free guidance."""
+    baked speaker index or a context (1, T_ctx, d); `cfg`: classifier-free guidance.
+
+    The step runs eagerly. Tracing it with mx.compile was measured and dropped (docs/magpie.md,
+    "Speed"): fewer milliseconds a step in bf16, but minutes of tracing on first use."""
 
     def __init__(self, model, text_ids, speaker, sampling: Optional[MagpieSampling] = None, cfg: bool = True,
                  max_frames: Optional[int] = None, seed: Optional[int] = None):
@@ -125,15 +206,9 @@ class FrameLoop:
         if "local_transformer" not in model or a.local_transformer_type != "autoregressive":
             raise MetalgenError("Magpie generation needs an autoregressive local transformer")
         self.C, self.S, self.V = a.num_codebooks, a.frame_stacking_factor, a.num_tokens_per_codebook
-        self.eos_id = a.audio_eos_id
-        self.stream_kind, self.eos_kind = _EOS_METHODS[s.eos_detection]
         self.limit = int(s.max_frames if max_frames is None else max_frames)
+        self.steps = max(0, self.limit // self.S)
         self.cfg = cfg
-        n_layers = a.decoder.n_layers
-        self.est_layers = list(range(n_layers) if s.estimate_alignment_from_layers is None
-                               else s.estimate_alignment_from_layers)
-        self.prior_layers = None if s.apply_prior_to_layers is None else set(s.apply_prior_to_layers)
-        self.n_layers = n_layers
 
         ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
         self.L = L = ids.shape[1]
@@ -145,108 +220,73 @@ class FrameLoop:
             self.memory_mask = mx.array(np.stack([np.ones(L, bool), np.arange(L) == 0]))
             ctx = mx.concatenate([ctx, mx.zeros_like(ctx)], axis=0)
         else:
-            self.memory_mask = None
+            self.memory_mask = mx.ones((1, L), dtype=mx.bool_)  # all valid: the same as no mask
         self.rows = ctx.shape[0]
         self.ctx = ctx
         self.memory_kv = model.decoder_memory(memory)
-        self.cache = model.decoder.make_cache()
+        # Positions: the context, the BOS block and one per step must fit the learned table.
+        self.capacity = ctx.shape[1] + 1 + self.steps
+        table = a.decoder.max_length_causal_mask
+        if "position_embeddings" in model.decoder and self.capacity > table:
+            raise MetalgenError(
+                f"Magpie: {self.limit} frames after a {ctx.shape[1]}-frame speaker context need "
+                f"{self.capacity} decoder positions; the model has {table}"
+            )
         # temperature <= 0 is NeMo's argmax; the fused sampler is greedy at temperature 0.
-        self.sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
+        sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
         # Additive masks: forbidden specials always, EOS too while it is banned.
-        self.bad = [mx.where(_forbidden_mask(self.V, a.codebook_size, self.eos_id, f), -mx.inf, 0.0)
+        self.bad = [mx.where(_forbidden_mask(self.V, a.codebook_size, a.audio_eos_id, f), -mx.inf, 0.0)
                     for f in (False, True)]
-        self.prior_state = PriorState(mx.array(1, dtype=mx.int32), mx.zeros((L,), dtype=mx.int32))
-        self.prior: Optional[mx.array] = None  # (rows, 1, L) for the next decoder call
+        self.graphs = {p: StepGraph(model, s, cfg, self.rows, p, sampler) for p in (False, True)}
 
-    # ------------------------------------------------------------------------------- pieces
-
-    def _layer_prior(self):
-        if self.prior is None or self.prior_layers is None:
-            return self.prior
-        return [self.prior if i in self.prior_layers else None for i in range(self.n_layers)]
-
-    def _decode(self, x: mx.array) -> Tuple[mx.array, List[Optional[mx.array]]]:
-        """Decoder rows x (rows, T, d) appended to the cache -> (last hidden (rows, d), probabilities)."""
-        want = self.s.apply_prior
-        out = self.model.decoder_hidden(x, self.memory_kv, memory_mask=self.memory_mask,
-                                        attn_prior=self._layer_prior(), return_attention=want, cache=self.cache)
-        h, probs = out if want else (out, [None] * self.n_layers)
-        return h[:, -1], probs
-
-    def prefill(self) -> Tuple[mx.array, List[Optional[mx.array]]]:
-        """[speaker context ; BOS block] through the decoder (no prior yet)."""
-        bos = mx.full((1, self.C, self.S), self.model.args.audio_bos_id, dtype=mx.int32)
-        audio = self.model.embed_codes(bos)  # (1, 1, d)
-        audio = mx.broadcast_to(audio, (self.rows,) + audio.shape[1:])
-        return self._decode(mx.concatenate([self.ctx, audio], axis=1))
-
-    def _combine(self, logits: mx.array) -> mx.array:
-        """CFG: (rows, ...) -> (...) as scale * cond + (1 - scale) * uncond."""
-        if not self.cfg:
-            return logits[0]
-        g = self.s.cfg_scale
-        return g * logits[0] + (1.0 - g) * logits[1]
-
-    def _draw_codes(self, h: mx.array, forbid_eos: bool) -> mx.array:
-        """The local transformer's C * S draws from decoder states h (rows, d) -> (S, C) int32."""
+    def prefill(self):
+        """[speaker context ; BOS block] through the decoder (no prior yet) -> (state (rows, d),
+        alignment scores (L,), static keys, values)."""
         m = self.model
-        bad = self.bad[int(forbid_eos)]
-        cache = m.make_local_cache()
-        x = m.local_start(h)  # (rows, 1, hid)
-        codes = []
-        for j in range(self.C * self.S):  # j = stacked frame i * C + codebook c
-            logits = self._combine(m.local_step(x, j, cache=cache)) + bad  # (V,)
-            code, _ = self.sampler(logits[None])  # (1,)
-            codes.append(code)
-            x = m.local_embed(mx.broadcast_to(code, (self.rows,)), j)
-        return mx.concatenate(codes).reshape(self.S, self.C)
-
-    def step(self, n: int, h: mx.array, probs: List[Optional[mx.array]]) -> Step:
-        """Enqueue-able graph of step n from the decoder's state h (rows, d) and probabilities."""
-        s, m = self.s, self.model
-        attended = prior_row = None
-        if s.apply_prior and n >= s.start_prior_after:
-            # Heads, then estimate layers, averaged; the conditional row's last query only.
-            scores = mx.stack([probs[i][0, :, -1].mean(axis=0) for i in self.est_layers]).mean(axis=0)  # (L,)
-            prior_row, attended, self.prior_state = advance_prior(scores, self.prior_state, s.prior_window,
-                                                                  s.prior_epsilon)
-            prior = mx.full((self.rows, 1, self.L), s.prior_epsilon, dtype=mx.float32)
-            self.prior = mx.concatenate([prior_row[None, None], prior[1:]], axis=0) if self.rows > 1 else prior_row[None, None]
-        forbid_eos = n * self.S < s.min_frames
-        codes = self._draw_codes(h, forbid_eos)  # (S, C)
-        eos = mx.array(self.S, dtype=mx.int32)
-        if self.stream_kind == "both":
-            eos = _eos_position(codes, self.eos_id, self.eos_kind, self.S)
-        argmax = mx.argmax(self._combine(m.logits(h)).reshape(self.S * self.C, self.V) + self.bad[int(forbid_eos)],
-                           axis=-1).reshape(self.S, self.C)
-        eos = mx.minimum(eos, _eos_position(argmax, self.eos_id, self.eos_kind, self.S))
-        audio = m.embed_codes(codes.T[None])  # (1, 1, d)
-        h_next, probs_next = self._decode(mx.broadcast_to(audio, (self.rows,) + audio.shape[1:]))
-        return Step(codes, eos, h_next, probs_next, attended, prior_row)
+        bos = mx.full((1, self.C, self.S), m.args.audio_bos_id, dtype=mx.int32)
+        audio = m.embed_codes(bos)  # (1, 1, d)
+        x = mx.concatenate([self.ctx, mx.broadcast_to(audio, (self.rows,) + audio.shape[1:])], axis=1)
+        cache = m.decoder.make_cache()
+        h, probs = m.decoder_hidden(x, self.memory_kv, memory_mask=self.memory_mask, return_attention=True,
+                                    cache=cache)
+        static = [StaticKVCache.from_cache(c, self.capacity) for c in cache]
+        scores = alignment_scores(probs, self.graphs[True].est_layers)
+        return h[:, -1], scores, [c.keys for c in static], [c.values for c in static], static[0].offset
 
     def pieces(self, record: Optional[dict] = None) -> Iterator[np.ndarray]:
         """Yields (C, k) int64 pieces, each final: the frames of a step up to (not including) its
-        EOS frame. `record`, when a dict, gets "attended" and "priors" per step and "end_frame"."""
-        steps = self.limit // self.S
+        EOS frame. `record`, when a dict, gets "attended" and "priors" per step, "end_frame", "steps"."""
+        s = self.s
         if record is not None:
             record.update(attended=[], priors=[], end_frame=None, steps=0)
-        if steps < 1:
+        if self.steps < 1:
             return
-        h, probs = self.prefill()
-        cur = self.step(0, h, probs)
-        mx.async_eval(cur.codes, cur.eos_at, cur.hidden)
-        for n in range(steps):
+        h, scores, keys, values, offset = self.prefill()
+        last = mx.array(1, dtype=mx.int32)
+        counter = mx.zeros((self.L,), dtype=mx.int32)
+
+        def enqueue(n, h, scores, last, counter, keys, values, offset):
+            use_prior = s.apply_prior and n >= s.start_prior_after
+            bad = self.bad[int(n * self.S < s.min_frames)]
+            out = self.graphs[use_prior](h, scores, last, counter, bad, offset, keys, values,
+                                         self.memory_kv, self.memory_mask)
+            mx.async_eval(out)
+            return out
+
+        cur = enqueue(0, h, scores, last, counter, keys, values, offset)
+        for n in range(self.steps):
+            codes_a, eos_a, h, scores, last, counter, attended, prior_row, keys, values = cur
             nxt = None
-            if n + 1 < steps:
-                nxt = self.step(n + 1, cur.hidden, cur.probs)
-                mx.async_eval(nxt.codes, nxt.eos_at, nxt.hidden)
-            codes = np.array(cur.codes, dtype=np.int64).T  # (C, S)
-            eos = int(cur.eos_at.item())
+            if n + 1 < self.steps:
+                offset = offset + 1
+                nxt = enqueue(n + 1, h, scores, last, counter, keys, values, offset)
+            codes = np.array(codes_a, dtype=np.int64).T  # (C, S)
+            eos = int(eos_a.item())
             if record is not None:
                 record["steps"] = n + 1
-                if cur.attended is not None:
-                    record["attended"].append(int(cur.attended.item()))
-                    record["priors"].append(np.array(cur.prior_row))
+                if int(attended.item()) >= 0:
+                    record["attended"].append(int(attended.item()))
+                    record["priors"].append(np.array(prior_row))
             keep = min(eos, self.limit - n * self.S)
             if keep > 0:
                 yield codes[:, :keep]

@@ -296,6 +296,12 @@ class SelfAttention(nn.Module):
                 Tk = k.shape[2]
                 tri = mx.tril(mx.ones((T, Tk), dtype=mx.bool_), k=Tk - T)
                 mask = mask & tri
+        elif getattr(cache, "key_mask", None) is not None:
+            # A fixed-capacity cache (StaticKVCache) returns its whole buffer: hide the positions
+            # not yet written. One new row sees every written one, so this is also the causal mask.
+            if T != 1:
+                raise MetalgenError("a static KV cache takes one row at a time")
+            mask = cache.key_mask
         elif self.is_causal and T > 1:
             mask = "causal"  # lower-right aligned: also right for rows appended to a cache
         else:
@@ -496,11 +502,16 @@ class Transformer(nn.Module):
             raise MetalgenError("a conv feed-forward wider than 1 has no incremental form here")
         if "position_embeddings" in self:
             table = self.position_embeddings.weight
-            if offset + T > table.shape[0]:
-                raise MetalgenError(
-                    f"Magpie sequence of {offset + T} positions exceeds the learned position table ({table.shape[0]})"
-                )
-            x = x + table[offset : offset + T]
+            if isinstance(offset, mx.array):
+                # A static cache's position is an array (one trace serves every position); its
+                # capacity was checked against the table when it was made.
+                x = x + mx.take(table, offset + mx.arange(T), axis=0)
+            else:
+                if offset + T > table.shape[0]:
+                    raise MetalgenError(
+                        f"Magpie sequence of {offset + T} positions exceeds the learned position table ({table.shape[0]})"
+                    )
+                x = x + table[offset : offset + T]
         kvs: List[Optional[Tuple[mx.array, mx.array]]] = [None] * len(self.layers)
         if memory is not None:
             kvs = list(self.memory_kv(memory)) if isinstance(memory, mx.array) else list(memory)
