@@ -192,3 +192,30 @@ def test_codec_encoder_comes_from_the_codec_file_only():
         load_encoder(bare)
     assert "not loaded from a file" in _error(model, bare, np.ones(16000, np.float32), sample_rate=1600)
     assert load_encoder(codec) is codec  # has one already: nothing to read
+
+
+def test_api_and_cli_clone_from_ref_audio(ref, tmp_path, capsys):
+    """MagpieTTS.codes(ref_audio=...) is generation on reference_context's context; the CLI's
+    --ref-audio reaches it (a clip under the API's one-second minimum is refused in one line)."""
+    import soundfile as sf
+
+    from metalgen import magpie
+    from metalgen.cli import main
+    from metalgen.magpie.generate import generate_codes
+
+    folder, _, _ = ref
+    tts = magpie.load(folder / "clone.nemo", codec=folder / "codec_replicate.nemo")
+    wav, sr = sf.read(folder / "clip.wav", dtype="float32")
+    long_clip = tmp_path / "long.wav"
+    sf.write(long_clip, np.tile(wav, 12), sr)  # 1.3 s
+    got = tts.codes("Hello there.", ref_audio=long_clip, temperature=0.0, max_frames=8)
+    ctx = reference_context(tts.model, tts.codec, long_clip)
+    want = generate_codes(tts.model, tts.encode("Hello there."), ctx, tts.sampling_for(temperature=0.0, max_frames=8))
+    np.testing.assert_array_equal(got, want)
+
+    out = tmp_path / "x.wav"
+    args = ["tts", "--model", str(folder / "clone.nemo"), "--codec", str(folder / "codec_replicate.nemo"),
+            "--text", "Hello.", "--out", str(out), "--max-frames", "4"]
+    assert main([*args, "--ref-audio", str(folder / "clip.wav")]) == 1
+    assert "too short" in capsys.readouterr().err and not out.exists()
+    assert main([*args, "--ref-audio", str(long_clip)]) == 0 and out.exists()

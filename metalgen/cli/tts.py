@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--language", default=None, help="language (Qwen3-TTS default: auto; Magpie default: en)")
     p.add_argument("--instruct", default=None,
                    help="instruction: speaking style (CustomVoice 1.7B) or the voice described in words (VoiceDesign)")
-    p.add_argument("--ref-audio", default=None, help="reference clip whose voice to clone (Base models)")
+    p.add_argument("--ref-audio", default=None,
+                   help="reference clip whose voice to clone (Qwen3-TTS Base models; Magpie checkpoints with a "
+                        "context encoder)")
     p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stream", action="store_true",
@@ -109,15 +111,18 @@ def _qwen_options(args) -> Dict[str, object]:
 
 def _magpie_options(args) -> Dict[str, object]:
     bad = _flags_given({
-        "--instruct": args.instruct, "--ref-audio": args.ref_audio, "--ref-text": args.ref_text,
+        "--instruct": args.instruct, "--ref-text": args.ref_text,
         "--top-p": args.top_p, "--repetition-penalty": args.repetition_penalty, "--sub-temp": args.sub_temp,
         "--sub-top-k": args.sub_top_k, "--text-input": args.text_input,
         "--decode": None if args.decode == "auto" else args.decode,
     })
     if bad:
         raise MetalgenError(f"{bad} applies to Qwen3-TTS checkpoints, not Magpie")
+    if args.ref_audio is not None and args.speaker is not None:
+        raise MetalgenError("give either --speaker or --ref-audio, not both")
     return dict(speaker=args.speaker, language=args.language, seed=args.seed, temperature=args.temp,
-                top_k=args.top_k, cfg_scale=args.cfg_scale, cfg=not args.no_cfg, max_frames=args.max_frames)
+                top_k=args.top_k, cfg_scale=args.cfg_scale, cfg=not args.no_cfg, max_frames=args.max_frames,
+                ref_audio=args.ref_audio)
 
 
 def _stream_kw(args) -> Dict[str, object]:

@@ -236,11 +236,18 @@ class MagpieTTS:
         return MagpieSampling.from_config(self.config, **given) if given else self.sampling
 
     def prepare(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None, mx.array] = 0,
-                **sampling) -> Tuple[List[int], Union[int, mx.array], MagpieSampling]:
+                ref_audio=None, **sampling) -> Tuple[List[int], Union[int, mx.array], MagpieSampling]:
         """Every check a request needs before any work: (text ids, speaker, sampling). The speaker
         is a baked speaker's row, or a speaker context (1, T_ctx, d) passed through as given (the
-        output of metalgen.magpie.clone's reference_context, which the generation loop takes)."""
+        output of metalgen.magpie.clone's reference_context, which the generation loop takes).
+        `ref_audio` (a path, an array at the codec's rate, or an (array, rate) pair) clones the
+        voice of that clip instead: only checkpoints with a context encoder can (see clone.py)."""
         ids = self.encode(text, language)
+        if ref_audio is not None:
+            from .clone import reference_context
+
+            s = self.sampling_for(**sampling)
+            return ids, reference_context(self.model, self.codec, ref_audio), s
         if isinstance(speaker, mx.array):
             d = self.model.args.d_model
             if speaker.ndim != 3 or speaker.shape[0] != 1 or speaker.shape[2] != d:
@@ -249,9 +256,9 @@ class MagpieTTS:
         return ids, self.speaker_index(speaker), self.sampling_for(**sampling)
 
     def codes(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
-              cfg: bool = True, seed: Optional[int] = None, **sampling) -> np.ndarray:
+              cfg: bool = True, seed: Optional[int] = None, ref_audio=None, **sampling) -> np.ndarray:
         """Codec codes (C, T) int64 for `text` (see `synthesize`)."""
-        ids, index, s = self.prepare(text, language, speaker, **sampling)
+        ids, index, s = self.prepare(text, language, speaker, ref_audio, **sampling)
         return generate_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
@@ -263,25 +270,27 @@ class MagpieTTS:
         return np.array(wav[0], dtype=np.float32)
 
     def synthesize(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
-                   cfg: bool = True, seed: Optional[int] = None, **sampling) -> Tuple[np.ndarray, int]:
+                   cfg: bool = True, seed: Optional[int] = None, ref_audio=None,
+                   **sampling) -> Tuple[np.ndarray, int]:
         """(waveform float32, sample rate) for `text` in `language` (a code such as "en" or a name)
         by `speaker` (an index or a name of `speakers`, or a speaker context: see `prepare`).
         `sampling` overrides the checkpoint's inference parameters: `temperature` (0: greedy),
         `top_k`, `cfg_scale`, `max_frames`, `min_frames` (codec frames before EOS may be drawn);
-        `cfg` toggles classifier-free guidance; `seed` makes sampling repeatable."""
-        codes = self.codes(text, language, speaker, cfg, seed, **sampling)
+        `cfg` toggles classifier-free guidance; `seed` makes sampling repeatable; `ref_audio` clones
+        a reference clip's voice (see `prepare`)."""
+        codes = self.codes(text, language, speaker, cfg, seed, ref_audio, **sampling)
         return self.decode(codes), self.sample_rate
 
     def stream(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
                cfg: bool = True, seed: Optional[int] = None, chunk_frames: int = CHUNK_FRAMES,
                first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None,
-               **sampling) -> Iterator[np.ndarray]:
+               ref_audio=None, **sampling) -> Iterator[np.ndarray]:
         """Float32 waveform chunks (at `sample_rate`) while the frames are drawn: the first after
         `first_chunk_frames` codec frames, each later one twice the one before up to
         `chunk_frames` (None: every chunk `chunk_frames`). Their concatenation is `synthesize`'s
         waveform for the same seed. The options are checked here, before the first chunk is
         asked for; the rest are `synthesize`'s."""
-        ids, index, s = self.prepare(text, language, speaker, **sampling)
+        ids, index, s = self.prepare(text, language, speaker, ref_audio, **sampling)
         if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
             raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
         pieces = stream_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
