@@ -272,6 +272,22 @@ KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "dec
            "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid")
 
 
+# Magpie TTS's decoder step (bodies/magpie_decoder.body, docs/kernels.md "Magpie decoder kernel"): the
+# step's input rows, its position, the stacked weights, the self-attention caches (written in place),
+# the text's cross keys and values, the memory mask and prior, the layer flags, a float32 scratch
+MAGPIE_DEC_INPUTS = ("x", "posa", "ptab", "wqkv", "wo", "wxq", "wxo", "wf1", "wf2", "norms", "fnorm", "kc", "vc",
+                     "mk", "mv", "mmask", "prior", "lmask", "scratch", "params", "fparams", "dep")
+MAGPIE_DEC_TEMPLATES = ("T", "R", "DM", "NH", "XD", "FF")
+MAGPIE_DEC_DTYPES = [bf16, i32] + [bf16] * 13 + [f32, f32, i32, f32, i32, f32, u32]
+MAGPIE_DEC_357M = [bf16, 2, 768, 12, 128, 3072]  # Magpie 357M with CFG's two rows
+SPECS["magpie_decoder"] = _spec("magpie_decoder", "magpie_decoder", MAGPIE_DEC_INPUTS, ["h", "scores", "sync"],
+                                MAGPIE_DEC_TEMPLATES, [("MG_GRID", 0)], ("magpie_decoder.h",),
+                                dtypes=MAGPIE_DEC_DTYPES, out=[bf16, f32, u32], tmpl=MAGPIE_DEC_357M)
+CUDA_ONLY_SPECS["magpie_decoder_megakernel"] = _spec(
+    "magpie_decoder_megakernel", "magpie_decoder", MAGPIE_DEC_INPUTS, ["h", "scores", "sync"], MAGPIE_DEC_TEMPLATES,
+    [("MG_GRID", 1)], ("magpie_decoder.h",), dtypes=MAGPIE_DEC_DTYPES, out=[bf16, f32, u32], tmpl=MAGPIE_DEC_357M)
+KERNELS = KERNELS + ("magpie_decoder",)
+
 def header(spec: KernelSpec, backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(backend)
