@@ -225,3 +225,37 @@ def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, 
     gates and the delta rule, where the unfused step is a dozen dispatches."""
     return _impl_for("gated_delta_conv_step").gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log,
                                                                     dt_bias, state)
+
+
+# Magpie TTS's decoder step (docs/kernels.md, "Magpie decoder kernel")
+from .reference import MagpieDecoderWeights  # noqa: E402
+
+__all__ += ["MagpieDecoderWeights", "magpie_decoder_step", "make_magpie_decoder_scratch"]
+
+
+def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers=None, est_layers=None,
+                        scratch=None):
+    """One step of Magpie TTS's decoder on one new row per CFG row (R = 1, or 2: row 0 conditional, row 1
+    unconditional): x (R, d) the step's input rows (before the learned position), pos the position they
+    take (int or int32 array; < the caches' capacity C), kc, vc (NL, R, H, C, d / H) the self-attention
+    caches, written in place at pos (the caller's arrays hold the new rows afterwards), mem_k, mem_v
+    (NL, R, Lt, XD) the text's cross-attention keys and values (one head), mem_mask (R, Lt) valid text
+    positions (None: all), prior (R, Lt) float32 attention prior or None, weights a `MagpieDecoderWeights`
+    (one dtype: bf16, f16 or f32), prior_layers / est_layers the layers that apply the prior and that the
+    alignment estimate averages (layer indices or a bool mask; None: all). Returns (h (R, d) after
+    norm_out, scores (Lt,) float32 row 0's prior-modified cross-attention probabilities averaged over the
+    estimate layers).
+
+    On CUDA one launch (a megakernel, grid barriers between its 8 phases a layer), on Metal one launch per
+    phase, both from bodies/magpie_decoder.body; on the CPU the reference (plain MLX ops). `scratch`
+    (make_magpie_decoder_scratch) is the GPU kernel's working memory, made per call without it: calls
+    sharing one must be ordered, each step's input made from the previous step's output."""
+    return _impl().magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers,
+                                       est_layers, scratch)
+
+
+def make_magpie_decoder_scratch(weights, rows: int, text_len: int):
+    """The GPU kernel's working memory for `rows` CFG rows over `text_len` text positions (zeroed); None on
+    the CPU, whose reference needs none."""
+    impl = _impl()
+    return None if impl.__name__.endswith(".cpu") else impl.make_magpie_decoder_scratch(weights, rows, text_len)

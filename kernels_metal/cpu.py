@@ -151,3 +151,9 @@ def gated_delta(q, k, v, g, beta, state=None):
     if q.shape[1] == 1:
         return ref.gated_delta_recurrent(q, k, v, g, beta, state)
     return ref.gated_delta_chunked(q, k, v, g, beta, state)
+
+
+def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers=None, est_layers=None,
+                        scratch=None):
+    # the reference is plain MLX ops already (a few dozen per layer); the CPU has no faster form
+    return ref.magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers, est_layers)

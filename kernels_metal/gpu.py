@@ -748,3 +748,157 @@ def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, 
         grid=(B * Hv * (Dv // 32) * 32 * nw, 1, 1), threadgroup=(32 * nw, 1, 1),
         output_shapes=[(B, 1, Hv, Dv), (B, Hv, Dk, Dv), (B, taps, C)], output_dtypes=[T, mx.float32, T])
     return out, new_conv, new_state
+
+
+# ---------------------------------------------------------------------------------------------
+# Magpie TTS decoder step (docs/kernels.md, "Magpie decoder kernel")
+
+MAGPIE_DEC_THREADS = 256
+# CUDA: the whole step in one launch (grid barriers between its phases); False: one launch per phase,
+# the form of backends without a grid barrier
+MAGPIE_DEC_MEGAKERNEL = True
+# groups a multiprocessor for the megakernel: all must be co-resident (its barrier waits for every one)
+MAGPIE_DEC_BLOCKS_PER_SM = 2
+MAGPIE_DEC_PHASES = 8  # a layer's phases (bodies/magpie_decoder.body)
+
+
+def _spec_kernel(name: str):
+    """The mx.fast kernel object of a variant from SPECS or CUDA_ONLY_SPECS (cached)."""
+    be = _backend()
+    key = (name, be)
+    k = _KERNELS.get(key)
+    if k is None:
+        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
+        if be not in ("cuda", "metal") or (be == "metal" and name in S.CUDA_ONLY_SPECS):
+            raise RuntimeError(f"{name} does not run on backend {be}")
+        make = mx.fast.cuda_kernel if be == "cuda" else mx.fast.metal_kernel
+        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                 source=S.body(spec, be), header=S.header(spec, be))
+        _KERNELS[key] = k
+    return k
+
+
+def magpie_decoder_blocks() -> int:
+    """The grid of the Magpie decoder kernel, in groups: MAGPIE_DEC_BLOCKS_PER_SM a multiprocessor on
+    CUDA (the megakernel's groups must all be resident), 256 where one launch per phase runs."""
+    if _backend() == "cuda":
+        sms = multiprocessors()
+        return MAGPIE_DEC_BLOCKS_PER_SM * sms if sms else 32
+    return 256
+
+
+def _magpie_layout(weights, rows: int, text_len: int):
+    """(groups, most context splits, scratch floats) of a step (the body's scratch layout)."""
+    d, H, XD, F = weights.d_model, weights.n_heads, weights.xa_dim, weights.ffn
+    nb = magpie_decoder_blocks()
+    maxns = max(1, nb // (rows * H))
+    cntn = -(-rows * H // 32) * 32
+    size = 32 + cntn + rows * (5 * d + 2 * XD + F) + text_len + rows * H * maxns * (d // H + 2)
+    return nb, maxns, size
+
+
+def make_magpie_decoder_scratch(weights, rows: int, text_len: int):
+    """The Magpie decoder kernel's working memory (float32, zeroed once: it holds the grid barrier's word,
+    which every launch leaves as it must find it). Calls sharing one must be ordered (each step's input
+    made from the previous step's output, as the frame loop's are)."""
+    s = mx.zeros((_magpie_layout(weights, rows, text_len)[2],), mx.float32)
+    mx.eval(s)
+    return s
+
+
+def magpie_decoder_unsupported(x, kc, mem_k, weights) -> Optional[str]:
+    """Why the kernel cannot take these shapes and dtypes (None: it can)."""
+    w = weights
+    T = w.dtype
+    NL, R, H, C, dh = kc.shape
+    d, XD, F = w.d_model, w.xa_dim, w.ffn
+    if T not in _GPU_DTYPES:
+        return f"dtype {T}"
+    arrays = (w.pos_table, w.wqkv, w.wo, w.wxq, w.wxo, w.wf1, w.wf2, w.norms, w.fnorm, kc, mem_k)
+    if any(a.dtype != T for a in arrays):
+        return "the weights, caches and memory must share one dtype"
+    if R not in (1, 2) or H != w.n_heads or d % H or dh % 32 or dh > 256 or XD % 32 or 256 % XD or F < d:
+        return f"shapes (rows {R}, heads {H}, head dim {dh}, cross width {XD}, ffn {F})"
+    if d % 8 or F % 8 or NL != w.layers:
+        return "sizes must be multiples of 8 and the caches must have every layer"
+    if mem_k.shape[2] + XD > max(R * F, 4096):
+        return f"{mem_k.shape[2]} text positions are more than the kernel's shared memory holds"
+    if _backend() == "metal" and (d + 0) * 4 * R > 32768:
+        return "rows too wide for threadgroup memory"
+    return None
+
+
+def magpie_decoder_launch(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers=None,
+                          est_layers=None, scratch=None, megakernel=None):
+    """The kernel itself (no fallback: errors propagate, for checks); see magpie_decoder_step."""
+    w = weights
+    T = w.dtype
+    NL, R, H, C, dh = kc.shape
+    d, XD, F = w.d_model, w.xa_dim, w.ffn
+    Lt = mem_k.shape[2]
+    nb, maxns, size = _magpie_layout(w, R, Lt)
+    if scratch is None:
+        scratch = mx.zeros((size,), mx.float32)
+    elif scratch.size < size:
+        raise ValueError(f"magpie decoder scratch of {scratch.size} floats, {size} needed")
+    posa = (pos if isinstance(pos, mx.array) else mx.array(int(pos))).astype(mx.int32).reshape(1)
+    mmask = (mx.ones((R, Lt), mx.float32) if mem_mask is None
+             else mem_mask if mem_mask.dtype == mx.float32 else mem_mask.astype(mx.float32))
+    pflags = ref.magpie_layer_flags(prior_layers, NL) if prior is not None else (False,) * NL
+    eflags = ref.magpie_layer_flags(est_layers, NL)
+    use_prior = int(any(pflags))
+    prior_in = (prior if prior.dtype == mx.float32 else prior.astype(mx.float32)) if use_prior else _f32(0.0)
+    lmask = _i32(*[int(p) | 2 * int(e) for p, e in zip(pflags, eflags)])
+    fparams = _f32(ref.MAGPIE_LN_EPS, dh ** -0.5, XD ** -0.5, ref.MAGPIE_TINY)
+    steps = MAGPIE_DEC_PHASES * NL + 1
+    tmpl = [("T", T), ("R", R), ("DM", d), ("NH", H), ("XD", XD), ("FF", F)]
+    xin = x.reshape(R, d)
+    inputs = [xin if xin.dtype == T else xin.astype(T), posa, w.pos_table, w.wqkv, w.wo, w.wxq, w.wxo, w.wf1,
+              w.wf2, w.norms, w.fnorm, kc, vc, mem_k, mem_v, mmask, prior_in, lmask, scratch]
+    shapes = dict(grid=(nb * MAGPIE_DEC_THREADS, 1, 1), threadgroup=(MAGPIE_DEC_THREADS, 1, 1),
+                  output_shapes=[(R, d), (Lt,), (1,)], output_dtypes=[T, mx.float32, mx.uint32])
+    dep = _magpie_no_dep()
+    mega = (MAGPIE_DEC_MEGAKERNEL if megakernel is None else megakernel) and _backend() == "cuda"
+    if mega:
+        params = _i32(NL, Lt, C, w.pos_table.shape[0], nb, maxns, use_prior, sum(eflags), 0, steps)
+        h, scores, _ = _spec_kernel("magpie_decoder_megakernel")(
+            inputs=inputs + [params, fparams, dep], template=tmpl, init_value=None, **shapes)
+        return h, scores
+    k = _spec_kernel("magpie_decoder")
+    for s in range(steps):
+        params = _i32(NL, Lt, C, w.pos_table.shape[0], nb, maxns, use_prior, sum(eflags), s, s + 1)
+        h, scores, dep = k(inputs=inputs + [params, fparams, dep], template=tmpl, init_value=None, **shapes)
+    return h, scores
+
+
+@functools.lru_cache(maxsize=1)
+def _magpie_no_dep():
+    return mx.zeros((1,), mx.uint32)
+
+
+def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers=None, est_layers=None,
+                        scratch=None):
+    def fb():
+        return ref.magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers,
+                                       est_layers)
+
+    why = magpie_decoder_unsupported(x, kc, mem_k, weights)
+    if why is not None:
+        _say(f"magpie_decoder: {why}; using the reference")
+        return fb()
+    R = kc.shape[1]
+    key = ("magpie_decoder", (weights.dtype, R, weights.d_model, weights.n_heads, weights.xa_dim, weights.ffn))
+    if _STATUS.get(key) is False:
+        return fb()
+    try:
+        h, scores = magpie_decoder_launch(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers,
+                                          est_layers, scratch)
+        if key not in _STATUS:
+            mx.eval(h, scores)
+            _STATUS[key] = True
+        return h, scores
+    except Exception as e:  # noqa: BLE001 - any build/run failure means: use the reference
+        _STATUS[key] = False
+        _say(f"magpie_decoder unavailable on {_backend()} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+             "using the reference")
+        return fb()

@@ -638,3 +638,137 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_C
     out, S = scan(U, W, qd, kd, mix, G_last, S)
     out = out[:, :, :L]  # (B, H, L, Dv)
     return out.transpose(0, 2, 1, 3).astype(out_dtype), S
+
+
+# ----------------------------------------------------------------------------------------------
+# Magpie TTS decoder step (docs/kernels.md, "Magpie decoder kernel")
+
+MAGPIE_LN_EPS = 1e-5  # torch.nn.LayerNorm's default, which NeMo keeps
+# float32's smallest normal number: NeMo adds it to the prior before multiplying it in
+MAGPIE_TINY = float(np.finfo(np.float32).tiny)
+
+
+class MagpieDecoderWeights(NamedTuple):
+    """A Magpie decoder's weights stacked over its NL layers, all in one dtype T (the kernel's):
+    pos_table (P, d) the learned positions, wqkv (NL, 3d, d) the fused self-attention projection (q | k |
+    v rows), wo (NL, d, d), wxq (NL, XD, d) and wxo (NL, d, XD) the cross-attention's query and output
+    projections (one head of width XD), wf1 (NL, F, d) and wf2 (NL, d, F) the feed-forward, norms (NL, 3,
+    d) the LayerNorm weights (self, cross query, feed-forward), fnorm (d,) norm_out's, n_heads the
+    self-attention heads. `metalgen.magpie.decoder_kernel.pack_decoder` makes one from a Model."""
+
+    pos_table: mx.array
+    wqkv: mx.array
+    wo: mx.array
+    wxq: mx.array
+    wxo: mx.array
+    wf1: mx.array
+    wf2: mx.array
+    norms: mx.array
+    fnorm: mx.array
+    n_heads: int
+
+    @property
+    def layers(self) -> int:
+        return self.wqkv.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.wqkv.shape[2]
+
+    @property
+    def xa_dim(self) -> int:
+        return self.wxq.shape[1]
+
+    @property
+    def ffn(self) -> int:
+        return self.wf1.shape[1]
+
+    @property
+    def dtype(self):
+        return self.wqkv.dtype
+
+
+def magpie_layer_flags(spec, n_layers: int) -> tuple:
+    """A layer selection -> a tuple of n_layers bools: None is every layer; a sequence of n_layers bools
+    is a mask; any other sequence lists layer indices."""
+    if spec is None:
+        return (True,) * n_layers
+    spec = list(spec)
+    if len(spec) == n_layers and all(isinstance(v, (bool, np.bool_)) for v in spec):
+        return tuple(bool(v) for v in spec)
+    chosen = {int(i) for i in spec}
+    return tuple(i in chosen for i in range(n_layers))
+
+
+def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights: MagpieDecoderWeights,
+                        prior_layers=None, est_layers=None):
+    """One Magpie decoder step for R rows (the CFG rows), in float32 with the activations rounded to the
+    weights' dtype T wherever the MLX path stores T (the kernel rounds at the same points).
+
+    x (R, d) or (R, 1, d): this step's input rows (before the position embedding); pos: the position
+    written (int or int32 array); kc, vc (NL, R, H, C, d / H) the self-attention caches, updated in place
+    at pos (item assignment: the caller's arrays see the write); mem_k, mem_v (NL, R, Lt, XD) the text's
+    cross-attention keys and values; mem_mask (R, Lt) true / nonzero where the text is valid (None: all);
+    prior (R, Lt) float32 or None (no prior anywhere); prior_layers, est_layers: the layers that apply
+    the prior and those averaged into the alignment estimate (`magpie_layer_flags`; None: all).
+    Returns (h (R, d) in T after norm_out, scores (Lt,) float32: row 0's prior-modified cross-attention
+    probabilities averaged over the estimate layers; zeros when there are none)."""
+    w = weights
+    T = w.dtype
+    f32 = mx.float32
+    NL, R, H, C, dh = kc.shape
+    d = w.d_model
+    XD = w.xa_dim
+    Lt = mem_k.shape[2]
+
+    def rnd(a):
+        return a.astype(T).astype(f32)
+
+    def ln(v, wt):
+        c = v - v.mean(axis=-1, keepdims=True)
+        var = (c * c).mean(axis=-1, keepdims=True)
+        return rnd(c * mx.rsqrt(var + MAGPIE_LN_EPS) * wt.astype(f32))
+
+    def proj(v, W):
+        return rnd(v @ W.astype(f32).T)
+
+    pos = (pos if isinstance(pos, mx.array) else mx.array(int(pos))).astype(mx.int32).reshape(1)
+    h = rnd(x.reshape(R, d).astype(f32) + mx.take(w.pos_table, pos, axis=0).astype(f32))
+    valid = mx.arange(C) <= pos  # (C,): the positions written so far, this one included
+    mm = mx.ones((R, Lt), dtype=mx.bool_) if mem_mask is None else mem_mask.astype(mx.bool_)
+    pflags = magpie_layer_flags(prior_layers, NL) if prior is not None else (False,) * NL
+    eflags = magpie_layer_flags(est_layers, NL)
+    kc_new, vc_new = kc, vc
+    est = []
+    for l in range(NL):
+        qkv = proj(ln(h, w.norms[l, 0]), w.wqkv[l])  # (R, 3d)
+        q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(R, H, 1, dh) for i in range(3))
+        start = mx.concatenate([mx.array([l], dtype=mx.int32), pos])
+        kc_new = mx.slice_update(kc_new, k.astype(kc.dtype)[None], start, axes=(0, 3))
+        vc_new = mx.slice_update(vc_new, v.astype(vc.dtype)[None], start, axes=(0, 3))
+        s = (q @ kc_new[l].astype(f32).swapaxes(-1, -2)) * dh ** -0.5  # (R, H, 1, C)
+        p = mx.softmax(mx.where(valid, s, -mx.inf), axis=-1)
+        o = rnd((p @ vc_new[l].astype(f32)).reshape(R, d))
+        h = rnd(h + proj(o, w.wo[l]))
+
+        q = proj(ln(h, w.norms[l, 1]), w.wxq[l])  # (R, XD)
+        s = (q[:, None, :] @ mem_k[l].astype(f32).swapaxes(-1, -2))[:, 0] * XD ** -0.5  # (R, Lt)
+        p = mx.softmax(mx.where(mm, s, -mx.inf), axis=-1)
+        if pflags[l]:
+            p = p * (prior.astype(f32) + MAGPIE_TINY)
+            p = p / p.sum(axis=-1, keepdims=True)
+        p = mx.where(mm, p, 0.0)
+        if eflags[l]:
+            est.append(p[0])
+        y = rnd((p[:, None, :] @ mem_v[l].astype(f32))[:, 0])  # (R, XD)
+        h = rnd(h + proj(y, w.wxo[l]))
+
+        f = proj(ln(h, w.norms[l, 2]), w.wf1[l])  # (R, F)
+        u = 0.7978845608028654 * (f + 0.044715 * f * f * f)
+        f = rnd(0.5 * f * (1.0 + mx.tanh(u)))
+        h = rnd(h + proj(f, w.wf2[l]))
+    out = ln(h, w.fnorm).astype(T)
+    scores = mx.stack(est).mean(axis=0) if est else mx.zeros((Lt,), f32)
+    kc[...] = kc_new
+    vc[...] = vc_new
+    return out, scores
