@@ -33,6 +33,7 @@ import numpy as np
 from ..cache import StaticKVCache
 from ..errors import MetalgenError
 from ..sampling import make_sampler
+from .decoder_kernel import StackedMemory, decoder_kernel, kernel_step, stack_caches
 from .generate import (
     _EOS_METHODS,
     IGNORED_TAIL,
@@ -148,7 +149,14 @@ class StepGraph:
 
     def decode(self, x, prior, offset, keys, values, memory_kv, memory_mask):
         """Decoder rows x (rows, 1, d) at `offset` -> (last state (rows, d), alignment scores (L,),
-        keys, values)."""
+        keys, values).
+
+        With the fused kernel (FrameLoop.prefill chose it on a GPU backend: keys and values are then
+        the stacked buffers, memory_kv a `decoder_kernel.StackedMemory`) one launch does the step and
+        writes this row into the buffers in place; otherwise the decoder's MLX ops over StaticKVCaches."""
+        if isinstance(memory_kv, StackedMemory):
+            h, scores = kernel_step(x, prior, offset, keys, values, memory_kv, self.prior_layers, self.est_layers)
+            return h, scores, keys, values
         caches = [StaticKVCache(k, v, offset) for k, v in zip(keys, values)]
         layer_prior = prior
         if prior is not None and self.prior_layers is not None:
@@ -241,16 +249,28 @@ class FrameLoop:
 
     def prefill(self):
         """[speaker context ; BOS block] through the decoder (no prior yet) -> (state (rows, d),
-        alignment scores (L,), static keys, values)."""
+        alignment scores (L,), static keys, values).
+
+        On a GPU backend whose decoder the fused kernel takes (`decoder_kernel.decoder_kernel`), the
+        prompt still runs on the MLX decoder, then its caches are copied once into the kernel's stacked
+        buffers (keys and values are then one array each) and `self.memory_kv` becomes the text's
+        stacked keys and values, which `StepGraph.decode` takes as the sign to step on the kernel."""
         m = self.model
+        if isinstance(self.memory_kv, StackedMemory):  # a second prefill: the MLX decoder reads the list
+            self.memory_kv = self.memory_kv.layers
         bos = mx.full((1, self.C, self.S), m.args.audio_bos_id, dtype=mx.int32)
         audio = m.embed_codes(bos)  # (1, 1, d)
         x = mx.concatenate([self.ctx, mx.broadcast_to(audio, (self.rows,) + audio.shape[1:])], axis=1)
         cache = m.decoder.make_cache()
         h, probs = m.decoder_hidden(x, self.memory_kv, memory_mask=self.memory_mask, return_attention=True,
                                     cache=cache)
-        static = [StaticKVCache.from_cache(c, self.capacity) for c in cache]
         scores = alignment_scores(probs, self.graphs[True].est_layers)
+        packed = decoder_kernel(m)
+        if packed is not None:
+            keys, values = stack_caches(cache, self.capacity)
+            self.memory_kv = StackedMemory.make(packed, self.memory_kv, self.memory_mask)
+            return h[:, -1], scores, keys, values, mx.array(cache[0].offset, dtype=mx.int32)
+        static = [StaticKVCache.from_cache(c, self.capacity) for c in cache]
         return h[:, -1], scores, [c.keys for c in static], [c.values for c in static], static[0].offset
 
     def pieces(self, record: Optional[dict] = None) -> Iterator[np.ndarray]:
