@@ -151,3 +151,27 @@ def test_bfloat16_reference_rounds_like_float32_within_bf16(model):
     assert h16.dtype == mx.bfloat16 and s16.dtype == mx.float32
     assert float(mx.abs(h16.astype(mx.float32) - h32).max()) < 0.1 * float(mx.abs(h32).max())
     assert float(mx.abs(s16 - s32).max()) < 0.05
+
+
+def test_frame_loop_on_the_kernel_path_draws_the_same_codes(monkeypatch):
+    # the frame loop's kernel wiring (stacked caches from the prefill, StackedMemory, kernel_step), run
+    # on the CPU through the reference: greedy codes and attended positions equal the MLX path's
+    from metalgen.magpie import frames
+    from metalgen.magpie.dummy import _model_init, _randomize, dummy_args
+    from metalgen.magpie.generate import MagpieSampling
+
+    m = Model(dummy_args("magpie-tiny"))
+    _randomize(m, 0, mx.float32, _model_init(8))
+    s = MagpieSampling(temperature=0.0, estimate_alignment_from_layers=[0, 1], apply_prior_to_layers=[1],
+                       max_frames=10, min_frames=4)
+    text = np.arange(3, 15)
+    runs = []
+    for use in (False, True):
+        monkeypatch.setattr(frames, "decoder_kernel", (lambda model: pack_decoder(model)) if use else (lambda model: None))
+        loop = frames.FrameLoop(m, text, 0, s, cfg=True, seed=1)
+        rec = {}
+        codes = np.concatenate(list(loop.pieces(rec)), axis=1)
+        runs.append((codes, rec["attended"], isinstance(loop.memory_kv, StackedMemory)))
+    assert not runs[0][2] and runs[1][2]  # the second run took the kernel path
+    assert np.array_equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert runs[0][0].shape[1] >= 4
