@@ -108,3 +108,26 @@ def clone_reference_folder() -> Path:
         why = failed.read_text().strip() if failed.exists() else "it has not been created"
         pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
     return cached_dump(VENV, CLONE_SCRIPT, CLONE_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
+
+
+CHUNK_SCRIPT = HERE / "make_chunk_reference.py"
+CHUNK_MARKER = "chunk.npz"
+
+
+def chunk_reference_folder() -> Path:
+    """The folder of make_chunk_reference.py's dump (chunk.json, chunk.npz, magpie.nemo, magpie_s2.nemo,
+    codec.nemo), made once per script version in its own cache folder, or the calling test skipped when
+    the venv is missing. METALGEN_MAGPIE_CHUNK_REF=/dir uses an existing dump."""
+    import pytest
+
+    given = os.environ.get("METALGEN_MAGPIE_CHUNK_REF")
+    if given:
+        if not (Path(given) / CHUNK_MARKER).exists():
+            pytest.skip(f"{given} holds no Magpie long-text reference dump")
+        return Path(given)
+    py = venv_python()
+    if not (VENV / "READY").exists() or not py.exists():
+        failed = VENV / "FAILED"
+        why = failed.read_text().strip() if failed.exists() else "it has not been created"
+        pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
+    return cached_dump(VENV, CHUNK_SCRIPT, CHUNK_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
