@@ -80,7 +80,7 @@ def test_stream_failure_leaves_no_partial_wav(tmp_path, capsys, monkeypatch):
     import metalgen.magpie.api as api
     from metalgen.errors import MetalgenError
 
-    real = api.stream_codes
+    real = api.stream_chunks
 
     def failing(*a, **kw):
         for i, piece in enumerate(real(*a, **kw)):
@@ -88,7 +88,7 @@ def test_stream_failure_leaves_no_partial_wav(tmp_path, capsys, monkeypatch):
                 raise MetalgenError("the device went away")
             yield piece
 
-    monkeypatch.setattr(api, "stream_codes", failing)
+    monkeypatch.setattr(api, "stream_chunks", failing)
     out = tmp_path / "partial.wav"
     assert main([*TINY, "--text", "Hello.", "--out", str(out), "--stream", "--first-chunk-frames", "2",
                  "--max-frames", "20"]) == 1

@@ -7,11 +7,12 @@
         ...
 
 `metalgen.tts.load` takes the same paths, the hub id and `dummy:magpie-*` too. The pipeline is
-NeMo's `do_tts` for one chunk: the text front end (metalgen/magpie/text.py) gives the tokenizer's
-ids + text EOS, `stream_codes` draws the codec codes frame by frame, and the NanoCodec decoder turns
-them into a float32 waveform, whole (`synthesize`) or chunk by chunk as the frames come
-(`stream`, metalgen/magpie/streaming.py). `speaker` is a baked speaker (name or index) or a speaker
-context made from a reference clip (metalgen/magpie/clone.py). Not yet here: long-text chunking.
+NeMo's `do_tts`: a text at or over its language's threshold (45 words in English) is cut into
+sentence chunks (metalgen/magpie/chunking.py), the text front end (metalgen/magpie/text.py) gives
+each chunk's tokenizer ids + text EOS, `stream_chunks` draws the codec codes frame by frame, chunk
+after chunk, and the NanoCodec decoder turns them into a float32 waveform, whole (`synthesize`) or
+piece by piece as the frames come (`stream`, metalgen/magpie/streaming.py). `speaker` is a baked
+speaker (name or index) or a speaker context made from a reference clip (metalgen/magpie/clone.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 
 from ..errors import MetalgenError
 from ..loading import parse_dtype
-from .generate import MagpieSampling, generate_codes, stream_codes
+from .chunking import chunk_ids
+from .generate import MagpieSampling, generate_chunks, stream_chunks
 from .nemo_file import read_nemo
 from .streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, stream_audio
 from .text import MagpieText
@@ -221,6 +223,17 @@ class MagpieTTS:
             raise MetalgenError("the text is empty")
         return self.text.encode(str(text), self.language_code(language))
 
+    def encode_chunks(self, text: str, language: Optional[str] = "en") -> List[List[int]]:
+        """The text ids of each chunk NeMo's do_tts speaks (one chunk below the language's
+        threshold, else one a sentence; see metalgen.magpie.chunking), each ending with text EOS."""
+        if text is None or not str(text).strip():
+            raise MetalgenError("the text is empty")
+        lang = self.language_code(language)
+        chunks = chunk_ids(str(text), lang, lambda t: self.text.encode(t, lang))
+        if not chunks:
+            raise MetalgenError("the text is empty")
+        return chunks
+
     def sampling_for(self, **overrides) -> MagpieSampling:
         """The checkpoint's inference parameters with the given (non-None) `SAMPLING_KEYS` changed."""
         unknown = sorted(set(overrides) - set(SAMPLING_KEYS))
@@ -243,23 +256,36 @@ class MagpieTTS:
         `ref_audio` (a path, an array at the codec's rate, or an (array, rate) pair) clones the
         voice of that clip instead: only checkpoints with a context encoder can (see clone.py)."""
         ids = self.encode(text, language)
+        return (ids,) + self._voice_and_sampling(speaker, ref_audio, **sampling)
+
+    def _voice_and_sampling(self, speaker, ref_audio, **sampling) -> Tuple[Union[int, mx.array], MagpieSampling]:
+        """`prepare`'s speaker and sampling half."""
         if ref_audio is not None:
             from .clone import reference_context
 
             s = self.sampling_for(**sampling)
-            return ids, reference_context(self.model, self.codec, ref_audio), s
+            return reference_context(self.model, self.codec, ref_audio), s
         if isinstance(speaker, mx.array):
             d = self.model.args.d_model
             if speaker.ndim != 3 or speaker.shape[0] != 1 or speaker.shape[2] != d:
                 raise MetalgenError(f"a Magpie speaker context must be (1, frames, {d}), got {tuple(speaker.shape)}")
-            return ids, speaker, self.sampling_for(**sampling)
-        return ids, self.speaker_index(speaker), self.sampling_for(**sampling)
+            return speaker, self.sampling_for(**sampling)
+        return self.speaker_index(speaker), self.sampling_for(**sampling)
+
+    def prepare_chunks(self, text: str, language: Optional[str] = "en",
+                       speaker: Union[int, str, None, mx.array] = 0, ref_audio=None,
+                       **sampling) -> Tuple[List[List[int]], Union[int, mx.array], MagpieSampling]:
+        """`prepare` for the text as do_tts cuts it: (each chunk's ids, speaker, sampling)."""
+        chunks = self.encode_chunks(text, language)
+        return (chunks,) + self._voice_and_sampling(speaker, ref_audio, **sampling)
 
     def codes(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
               cfg: bool = True, seed: Optional[int] = None, ref_audio=None, **sampling) -> np.ndarray:
         """Codec codes (C, T) int64 for `text` (see `synthesize`)."""
-        ids, index, s = self.prepare(text, language, speaker, ref_audio, **sampling)
-        return generate_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
+        chunks, index, s = self.prepare_chunks(text, language, speaker, ref_audio, **sampling)
+        # One chunk runs the fast loop. Several run the recompute loop (NeMo's default uncached
+        # decoder): the fast loop (frames.py) does not carry state across chunks yet.
+        return generate_chunks(self.model, chunks, index, s, cfg=cfg, seed=seed)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes (C, T) -> waveform (T * samples_per_frame,) float32."""
@@ -290,10 +316,12 @@ class MagpieTTS:
         `chunk_frames` (None: every chunk `chunk_frames`). Their concatenation is `synthesize`'s
         waveform for the same seed. The options are checked here, before the first chunk is
         asked for; the rest are `synthesize`'s."""
-        ids, index, s = self.prepare(text, language, speaker, ref_audio, **sampling)
+        chunks, index, s = self.prepare_chunks(text, language, speaker, ref_audio, **sampling)
         if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
             raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
-        pieces = stream_codes(self.model, ids, index, s, cfg=cfg, seed=seed)
+        # Several text chunks: the recompute loop for now (see `codes`); the audio still comes piece
+        # by piece, across the chunks, from one codec stream (do_tts decodes the joined codes once).
+        pieces = stream_chunks(self.model, chunks, index, s, cfg=cfg, seed=seed)
         return stream_audio(self.codec, pieces, chunk_frames, first_chunk_frames, left_context)
 
 

@@ -21,12 +21,13 @@ recompute.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import MetalgenError
+from .chunking import ChunkProgress, ChunkState, ChunkWindow
 
 # NeMo 3.0.0 hard-codes these in get_most_attended_text_timestep / construct_inference_prior
 # (later NeMo versions read a sink threshold from the inference parameters).
@@ -216,8 +217,70 @@ def stream_codes(
     yield from _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record)
 
 
-def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record) -> Iterator[np.ndarray]:
-    """NeMo's uncached inference loop (see stream_codes)."""
+def stream_chunks(
+    model,
+    chunks: Sequence[Sequence[int]],
+    speaker: Union[int, mx.array],
+    sampling: Optional[MagpieSampling] = None,
+    cfg: bool = True,
+    max_frames: Optional[int] = None,
+    seed: Optional[int] = None,
+    record: Optional[Dict[str, Any]] = None,
+    recompute: Optional[bool] = None,
+) -> Iterator[np.ndarray]:
+    """Yields the codes of a text given as chunks (each chunk's ids: tokens + text EOS, as
+    `metalgen.magpie.chunking.chunk_ids` makes them), chunk after chunk, as NeMo's `do_tts` joins
+    them. One chunk is exactly `stream_codes`. Several run NeMo's multi-chunk `generate_speech`
+    once per chunk with `chunking.ChunkState` carried across; `max_frames` then bounds each chunk.
+
+    `recompute`: None picks the fast loop for one chunk and the recompute loop for several (the
+    fast loop, metalgen.magpie.frames, does not run chunks yet); False with several chunks is
+    refused. `record`, when a dict, gets "chunks": one `stream_codes` record per chunk (plus
+    "forced_end", "window" and "left_offset")."""
+    chunks = [list(c) for c in chunks]
+    if not chunks:
+        raise MetalgenError("Magpie: no text chunks to speak")
+    if len(chunks) == 1:
+        inner: Optional[Dict[str, Any]] = {} if record is not None else None
+        yield from stream_codes(model, chunks[0], speaker, sampling, cfg, max_frames, seed, inner,
+                                recompute=bool(recompute))
+        if record is not None:
+            record["chunks"] = [inner]
+        return
+    if recompute is False:
+        raise MetalgenError("Magpie's fast frame loop does not run multi-chunk (long) text yet")
+    state = ChunkState()
+    # One random stream across the chunks, as NeMo's global generator runs on from chunk to chunk.
+    key = mx.random.key(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**63)))
+    if record is not None:
+        record["chunks"] = []
+    for i, ids in enumerate(chunks):
+        window = state.open(ids, last=i == len(chunks) - 1)
+        key, sub = mx.random.split(key)
+        inner = {} if record is not None else None
+        yield from _stream_recompute(model, ids, speaker, sampling, cfg, max_frames, None, inner,
+                                     chunk=(state, window), key=sub)
+        if record is not None:
+            record["chunks"].append(inner)
+
+
+def generate_chunks(model, chunks, speaker, sampling=None, cfg=True, max_frames=None, seed=None, record=None,
+                    recompute=None) -> np.ndarray:
+    """Codes (C, T) int64 of a chunked text: `stream_chunks`'s pieces joined."""
+    a = model.args
+    pieces = list(stream_chunks(model, chunks, speaker, sampling, cfg, max_frames, seed, record, recompute))
+    return np.concatenate(pieces, axis=1) if pieces else np.zeros((a.num_codebooks, 0), np.int64)
+
+
+def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record,
+                      chunk: Optional[Tuple[ChunkState, ChunkWindow]] = None,
+                      key: Optional[mx.array] = None) -> Iterator[np.ndarray]:
+    """NeMo's uncached inference loop (see stream_codes). `chunk`, one chunk of a long text as
+    (the state carried across chunks, this chunk's window), runs it as NeMo's `generate_speech`
+    does for that chunk: `text_ids` is then ignored for the window's ids, the history rows of the
+    text memory come from the previous chunk, later chunks start from a prior and use the
+    multi-chunk one, and a chunk that is not the last ends on its EOS or is cut once its alignment
+    has stayed near its end (chunking.ChunkProgress). `key`, when given, replaces `seed`."""
     s = sampling or MagpieSampling()
     a = model.args
     if "local_transformer" not in model or a.local_transformer_type != "autoregressive":
@@ -228,9 +291,12 @@ def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed,
     limit = int(s.max_frames if max_frames is None else max_frames)
     n_layers = a.decoder.n_layers
 
-    ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
+    state, window = chunk if chunk is not None else (None, None)
+    ids = np.asarray(text_ids if window is None else window.ids, dtype=np.int64).reshape(1, -1)
     L = ids.shape[1]
     memory = model.encode_text(mx.array(ids))  # (1, L, d)
+    if window is not None:
+        memory = state.splice(window, memory)
     # A baked speaker's row, or a context already encoded (reference-audio cloning).
     ctx = speaker if isinstance(speaker, mx.array) else model.speaker_context(speaker)  # (1, Tc, d)
     if cfg:
@@ -243,13 +309,25 @@ def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed,
     memory_kv = model.decoder_memory(memory)  # constant over the utterance
     mx.eval(memory_kv, ctx)
 
-    key = mx.random.key(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**63)))
+    if key is None:
+        key = mx.random.key(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**63)))
     codes = np.full((C, S), a.audio_bos_id, dtype=np.int64)  # BOS block, then each step's (C, S)
     produced: List[np.ndarray] = []
     prior = None  # (rows, 1, L), from the previous step
+    progress = None
+    if window is not None:
+        progress = ChunkProgress(state, window, s.prior_window, s.prior_epsilon)
+        first_row = window.initial_prior(s.prior_epsilon, state.rules)
+        if first_row is not None:
+            # Later chunks start steered to their first new tokens; without the attention prior
+            # NeMo keeps this one for the whole chunk.
+            full = np.full((rows, 1, L), s.prior_epsilon, dtype=np.float32)
+            full[0, 0] = first_row
+            prior = mx.array(full)
     last_attended = 1
     counter: Dict[int, int] = {}
     end_frame: Optional[int] = None
+    forced = False
     if record is not None:
         record.update(attended=[], priors=[], end_frame=None, steps=0)
 
@@ -276,12 +354,16 @@ def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed,
             logits = logits[0]
 
         # Next step's prior from this step's cross-attention (row 0 only; the CFG row stays flat).
-        if s.apply_prior and step >= s.start_prior_after:
+        # (generate_speech, the chunked path, has no start_prior_after: the prior runs from step 0.)
+        if s.apply_prior and (step >= s.start_prior_after or progress is not None):
             per_layer = [probs[i].mean(axis=1) for i in est_layers]  # (rows, T, L) each
             scores = np.array(mx.stack(per_layer, axis=1).mean(axis=1)[0, -1])  # (L,)
-            attended = _attended_position(scores, last_attended, counter, L, s.prior_window)
-            last_attended = attended
-            row = _prior_row(attended, counter, L, s.prior_window, s.prior_epsilon)
+            if progress is None:
+                attended = _attended_position(scores, last_attended, counter, L, s.prior_window)
+                last_attended = attended
+                row = _prior_row(attended, counter, L, s.prior_window, s.prior_epsilon)
+            else:
+                attended, row = progress.step(scores)
             full = np.full((rows, 1, L), s.prior_epsilon, dtype=np.float32)
             full[0, 0] = row
             prior = mx.array(full)
@@ -315,6 +397,10 @@ def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed,
             hits = [v for v in (f, g) if v is not None]
             if hits:
                 end_frame = step * S + min(hits)
+            elif progress is not None and progress.forced_end:
+                # A chunk that is not the last, its text spoken: cut after this step, all of it kept.
+                end_frame = (step + 1) * S
+                forced = True
         produced.append(step_codes)
         codes = np.concatenate([codes, step_codes], axis=1)
         kept = step_codes if end_frame is None else step_codes[:, : max(0, end_frame - step * S)]
@@ -326,6 +412,10 @@ def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed,
             # frames away again: nothing after the EOS frame is kept, so stop here.
             break
 
+    if window is not None and window.last and end_frame is not None:
+        state.ended = True
     if record is not None:
         record["end_frame"] = end_frame
         record["steps"] = len(produced)
+        if window is not None:
+            record.update(forced_end=forced, window=window.ids.tolist(), left_offset=window.left_offset)
