@@ -116,6 +116,14 @@ def test_flac_is_encoded_and_what_soundfile_cannot_write_is_refused(served, clie
     assert r.status_code == 400 and "'mp3'" in r.json()["error"]["message"]
 
 
+def test_temperature_and_top_k_reach_both_samplers(client):
+    # temperature 0 makes the talker and the code predictor argmax: the seed no longer matters
+    kw = dict(model=NAME, voice="vivian", input="Hello there.", response_format="pcm")
+    one = client.audio.speech.create(extra_body={"seed": 1, "temperature": 0}, **kw).content
+    assert client.audio.speech.create(extra_body={"seed": 2, "temperature": 0}, **kw).content == one
+    assert client.audio.speech.create(extra_body={"seed": 2, "top_k": 1}, **kw).content == one
+
+
 def test_instructions_reach_the_prompt(client):
     # the tiny shape is a 1.7B CustomVoice, which takes an instruction (0.6B: refused, below)
     assert speak(client, seed=7, instructions="Speak slowly.") != speak(client, seed=7)
@@ -143,6 +151,9 @@ def _body(**kw):
     (_body(stream_format="chunks"), 400, "stream_format", "'audio' or 'sse'"),
     (_body(seed="7"), 400, "seed", "integer"),
     (_body(language="klingon"), 400, "language", "unknown language 'klingon'"),
+    (_body(cfg_scale=2.0), 400, "cfg_scale", "Qwen3-TTS has none"),
+    (_body(temperature=-1), 400, "temperature", "between 0.0 and 2.0"),
+    (_body(top_k=2.5), 400, "top_k", "must be an integer"),
     (_body(input="hello " * 33000), 400, "input", "past this model's limit"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, param, says):
@@ -187,11 +198,12 @@ def test_model_limits_by_checkpoint_type(tmp_path):
     model clones the voices the server was started with."""
     small = SpeechEngine(metalgen.tts.load("dummy:qwen3-tts-tiny-0b6"), "s")
     with pytest.raises(RequestError, match="does not take 'instructions'") as e:
-        parse_speech_request({"model": "s", "input": "Hi", "voice": "ryan", "instructions": "Whisper."}, small)
+        parse_speech_request({"model": "s", "input": "Hi", "voice": "ryan", "instructions": "Whisper.",
+                              "response_format": "wav"}, small)
     assert e.value.param == "instructions"
     design = SpeechEngine(metalgen.tts.load("dummy:qwen3-tts-tiny-voicedesign"), "d")
     with pytest.raises(RequestError, match="needs 'instructions'"):
-        parse_speech_request({"model": "d", "input": "Hi", "voice": "alloy"}, design)
+        parse_speech_request({"model": "d", "input": "Hi", "voice": "alloy", "response_format": "wav"}, design)
     req = parse_speech_request({"model": "d", "input": "Hi", "voice": "alloy", "instructions": "A calm voice.",
                                 "response_format": "wav"}, design)
     assert req.voice is None and req.instructions == "A calm voice."
@@ -201,7 +213,7 @@ def test_model_limits_by_checkpoint_type(tmp_path):
     base = SpeechEngine(metalgen.tts.load("dummy:qwen3-tts-tiny-base"), "b", max_frames=3,
                         ref_voices=parse_voices([f"Me={tmp_path / 'ref.wav'}"]))
     with pytest.raises(RequestError, match=r"unknown voice 'vivian' \(known: Me\)"):
-        parse_speech_request({"model": "b", "input": "Hi", "voice": "vivian"}, base)
+        parse_speech_request({"model": "b", "input": "Hi", "voice": "vivian", "response_format": "wav"}, base)
     from starlette.testclient import TestClient
 
     with TestClient(make_app(base)) as c:
@@ -224,7 +236,8 @@ def test_serve_command_voice_flags_are_one_line_errors(capsys):
     from metalgen.cli import main
 
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--voice", "me=ref.wav"]) == 1
-    assert capsys.readouterr().err.strip() == "metalgen: error: --voice is for a speech (Qwen3-TTS Base) model"
+    assert capsys.readouterr().err.strip() == ("metalgen: error: --voice is for a speech model (Qwen3-TTS Base, or "
+                                               "Magpie with a context encoder)")
     assert main(["serve", "--model", "dummy:qwen3-tts-tiny-base", "--voice", "me"]) == 1
     assert "--voice takes NAME=VALUE" in capsys.readouterr().err
     assert main(["serve", "--model", "dummy:qwen3-tts-tiny-base", "--voice-text", "me=Hello"]) == 1

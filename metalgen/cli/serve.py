@@ -13,9 +13,9 @@ from ..errors import MetalgenError
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                        description="Serve /v1/chat/completions and /v1/completions (a text model) or /v1/audio/speech "
-                                   "(a speech model: Qwen3-TTS), /v1/models and /health.")
+                                   "(a speech model: Qwen3-TTS or Magpie TTS), /v1/models and /health.")
     p.add_argument("--model", default="dummy:qwen2.5-0.5b",
-                   help="model folder, Hugging Face hub id, or dummy:<shape>; default: %(default)s")
+                   help="model folder, Hugging Face hub id, Magpie .nemo file, or dummy:<shape>; default: %(default)s")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for; default: --model")
     p.add_argument("--revision", default=None, help="hub branch, tag or commit")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
@@ -33,10 +33,14 @@ def add_parser(sub) -> None:
                         "default: %(default)s")
     p.add_argument("--decode", choices=DECODE_MODES, default="auto",
                    help="decode path (docs/decode.md); a batch of requests takes the plain path")
+    p.add_argument("--codec", default=None, metavar="NEMO",
+                   help="a Magpie TTS model's NanoCodec .nemo (default: the config's codecmodel_path, a .nemo "
+                        "beside the model, or the codec's hub repo)")
     p.add_argument("--voice", action="append", default=[], metavar="NAME=CLIP",
-                   help="a speech Base model: a voice requests may name, cloned from a reference clip (repeatable)")
+                   help="a voice requests may name, cloned from a reference clip (repeatable): for a Qwen3-TTS Base "
+                        "model, or a Magpie checkpoint with a context encoder")
     p.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
-                   help="the transcript of --voice NAME's clip, for in-context cloning (optional)")
+                   help="the transcript of --voice NAME's clip, for Qwen3-TTS in-context cloning (optional)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health; default: the "
                         "environment variable METALGEN_API_KEY, else no key")
@@ -72,16 +76,20 @@ def run(args: argparse.Namespace) -> int:
         kernels_metal.set_verbose(True)
     name = args.served_model_name or args.model
     voices = parse_voices(args.voice, args.voice_text)
-    if model_kind(args.model, args.revision) == "speech":  # by its config's model_type
+    if model_kind(args.model, args.revision) == "speech":  # as metalgen.tts.load tells them
         from ..tts import load as load_tts
 
         if args.max_batch > 1:
             print("metalgen: note: speech requests run one at a time (--max-batch is for text)", file=sys.stderr)
-        engine = SpeechEngine(load_tts(args.model, dtype=args.dtype, revision=args.revision), name,
-                              decode=args.decode, ref_voices=voices)
+        tts = load_tts(args.model, dtype=args.dtype, revision=args.revision, codec=args.codec)
+        if tts.model_type == "magpie" and args.decode != "auto":
+            print("metalgen: note: --decode is for text and Qwen3-TTS models; Magpie has one path", file=sys.stderr)
+        engine = SpeechEngine(tts, name, decode=args.decode, ref_voices=voices)
     else:
         if voices:
-            raise MetalgenError("--voice is for a speech (Qwen3-TTS Base) model")
+            raise MetalgenError("--voice is for a speech model (Qwen3-TTS Base, or Magpie with a context encoder)")
+        if args.codec is not None:
+            raise MetalgenError("--codec is for a Magpie TTS model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
                         prefix_cache_gb=args.prefix_cache_gb)

@@ -1,11 +1,16 @@
-"""`POST /v1/audio/speech`: OpenAI's text-to-speech route over a Qwen3-TTS model (docs/serve.md, "Speech").
+"""`POST /v1/audio/speech`: OpenAI's text-to-speech route over a Qwen3-TTS or a Magpie TTS model (docs/serve.md,
+"Speech").
 
-The request names a `voice` (a CustomVoice speaker, or a reference voice the server was started with for a
-Base model), may add `instructions` (the TTS instruct text) and picks a `response_format`. "wav" and "pcm"
-are sent while the audio is generated (chunked HTTP: a WAV header whose sizes say "unknown" first, then
-16-bit samples); "flac", "mp3" and "opus" are encoded by soundfile once the clip is complete, where its
-libsndfile can write them at the model's sample rate. `stream_format: "sse"` sends the same bytes as
-base64 `speech.audio.delta` events and a closing `speech.audio.done` with the usage."""
+The request names a `voice` (a speaker of the checkpoint, or a reference voice the server was started with),
+may add `instructions` (Qwen3-TTS's instruct text) and picks a `response_format`. "wav" and "pcm" are sent
+while the audio is generated (chunked HTTP: a WAV header whose sizes say "unknown" first, then 16-bit
+samples); "flac", "mp3" and "opus" are encoded by soundfile once the clip is complete, where its libsndfile
+can write them at the model's sample rate. `stream_format: "sse"` sends the same bytes as base64
+`speech.audio.delta` events and a closing `speech.audio.done` with the usage.
+
+The request parsing, the worker, the audio encoding and the streaming are shared; what differs between the
+two model families (their voices, languages, limits and the call that streams the audio) is a small class
+each, `QwenSpeech` and `MagpieSpeech`, which `SpeechEngine` picks from the loaded model."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import json
 import queue
 import struct
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
@@ -28,9 +33,10 @@ from starlette.responses import Response, StreamingResponse
 from ..errors import MetalgenError
 from .engine import JobEvents
 from .http import cancel_on_disconnect, error_response
-from .protocol import RequestError
+from .protocol import RequestError, _number
 
-# config.json model types served by this route (the others are text decoders)
+# config.json model types served by this route (the others are text decoders); Magpie checkpoints are NeMo
+# `.nemo` files, which have none (see `model_kind`)
 SPEECH_MODEL_TYPES = ("qwen3_tts",)
 STREAMED = ("wav", "pcm")
 # soundfile (format, subtype) of the formats encoded whole, when its libsndfile writes them (see `encodable`)
@@ -42,10 +48,17 @@ PROMPT_OVERHEAD = 32
 
 
 def model_kind(path_or_id: str, revision: Optional[str] = None) -> str:
-    """What a model serves, "speech" or "text", from its config's model_type (a dummy shape's config, a
-    folder's or a hub snapshot's config.json), not from its name."""
+    """What a model serves, "speech" or "text". A Magpie checkpoint is told as `metalgen.tts.load` tells it
+    (`metalgen.tts.is_magpie`: a `.nemo`, a folder of them without a config.json, a Magpie hub id), so that
+    the server and the loader agree; anything else by its config's model_type (a dummy shape's config, a
+    folder's or a hub snapshot's config.json), not by its name."""
+    from ..tts import is_magpie
+
+    if is_magpie(path_or_id):
+        return "speech"
     if path_or_id.startswith("dummy:"):
         from ..dummy import dummy_config
+        from ..magpie.dummy import SHAPES as MAGPIE_SHAPES
         from ..tts.dummy import SHAPES as TTS_SHAPES
 
         shape = path_or_id[len("dummy:"):]
@@ -55,7 +68,8 @@ def model_kind(path_or_id: str, revision: Optional[str] = None) -> str:
             try:
                 model_type = dummy_config(shape)["model_type"]
             except MetalgenError as e:
-                raise MetalgenError(f"{e}; speech shapes: {', '.join(TTS_SHAPES)}")
+                shapes = ", ".join([*TTS_SHAPES, *MAGPIE_SHAPES])
+                raise MetalgenError(f"{e}; speech shapes: {shapes}")
     else:
         from ..loading import read_json, resolve_model_path
 
@@ -124,17 +138,21 @@ def encodable(sample_rate: int) -> Dict[str, str]:
 
 @dataclasses.dataclass
 class SpeechRequest:
-    """One /v1/audio/speech request, checked against the served model."""
+    """One /v1/audio/speech request, checked against the served model. The model's half of the check
+    (`QwenSpeech.check`, `MagpieSpeech.check`) fills `voice` and `language` in the model's own terms and
+    `input_tokens`."""
 
     model: str
     input: str
-    voice: Optional[str]  # the CustomVoice speaker or Base reference voice, as the model names it
+    voice: Optional[Union[str, int]]  # as asked; after the check, the voice as the model names it
     instructions: Optional[str]
     language: Optional[str]
     response_format: str
     stream_format: str  # "audio" or "sse"
     seed: Optional[int]
-    input_tokens: int
+    input_tokens: int = 0
+    # extensions: the sampling settings asked for (temperature, top_k, cfg_scale); absent = the checkpoint's
+    sampling: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _shortened(names: List[str], most: int = 12) -> str:
@@ -153,47 +171,32 @@ def _text(body: dict, name: str, required: bool = False) -> Optional[str]:
     return value
 
 
+def _voice_name_error() -> RequestError:
+    return RequestError("'voice' must be a string (a voice name)", param="voice")
+
+
 def parse_speech_request(body, engine: "SpeechEngine") -> SpeechRequest:
     """Check a /v1/audio/speech body (parsed JSON) against `engine`'s model: a RequestError naming the field
-    for anything it cannot serve as asked."""
+    for anything it cannot serve as asked. The fields' types and the output options are checked here for
+    every model, then the voice, language, instructions, sampling and input by the model's half
+    (`engine.family`), which fills in the request in the model's own terms."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     model = _text(body, "model", required=True)
     if model != engine.name:
         raise RequestError(f"the model '{model}' does not exist here (this server has '{engine.name}')", 404,
                            param="model")
-    tts = engine.tts
     text = _text(body, "input", required=True)
     if not text.strip():
         raise RequestError("'input' is empty", param="input")
     voice = body.get("voice")
     if isinstance(voice, dict):  # OpenAI's custom-voice form: {"id": "..."}
         voice = voice.get("id")
-    if voice is not None and not isinstance(voice, str):
-        raise RequestError("'voice' must be a string (a voice name)", param="voice")
+    # an integer is a speaker index, which only Magpie takes (Qwen3-TTS's check refuses it)
+    if voice is not None and (isinstance(voice, bool) or not isinstance(voice, (str, int))):
+        raise _voice_name_error()
     instructions = _text(body, "instructions") or None
-    kind = tts.model_type
-    if kind == "voice_design":
-        # the voice is the one `instructions` describe; `voice` (which OpenAI clients must send) names nothing
-        voice = None
-        if not instructions:
-            raise RequestError("this VoiceDesign model needs 'instructions' describing the voice",
-                               param="instructions")
-    else:
-        known = engine.voices
-        hint = "" if known or kind != "base" else "; a Base model clones the voices of `metalgen serve --voice`"
-        if not voice:
-            raise RequestError(f"'voice' is required (known: {_shortened(known)}){hint}", param="voice")
-        match = {v.lower(): v for v in known}.get(voice.lower())
-        if match is None:
-            raise RequestError(f"unknown voice '{voice}' (known: {_shortened(known)}){hint}", param="voice")
-        voice = match
-        if instructions and not tts.supports_instruct:
-            raise RequestError(f"this model ({tts.args.tts_model_size} {kind}) does not take 'instructions'",
-                               param="instructions")
-    language = _text(body, "language")  # an extension: Qwen3-TTS's language (default auto)
-    if language is not None and language.lower() not in tts.languages:
-        raise RequestError(f"unknown language '{language}' (known: {_shortened(tts.languages)})", param="language")
+    language = _text(body, "language")  # an extension: the model's language (Qwen3-TTS: auto; Magpie: en)
     fmt = body.get("response_format", "mp3")  # OpenAI's default
     if fmt not in FORMATS:
         raise RequestError(f"'response_format' must be one of {', '.join(FORMATS)}, got {fmt!r}",
@@ -206,21 +209,253 @@ def parse_speech_request(body, engine: "SpeechEngine") -> SpeechRequest:
     if isinstance(speed, bool) or not isinstance(speed, (int, float)):
         raise RequestError("'speed' must be a number", param="speed")
     if speed != 1.0:
-        raise RequestError("'speed' other than 1.0 is not supported: Qwen3-TTS has no rate control, and "
-                           "resampling the audio would shift its pitch", param="speed")
+        raise RequestError(f"'speed' other than 1.0 is not supported: {engine.family.label} has no rate control, "
+                           "and resampling the audio would shift its pitch", param="speed")
     stream_format = body.get("stream_format", "audio")
     if stream_format not in ("audio", "sse"):
         raise RequestError(f"'stream_format' must be 'audio' or 'sse', got {stream_format!r}", param="stream_format")
     seed = body.get("seed")  # an extension: the sampling is random
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
         raise RequestError("'seed' must be an integer in 0..2**32-1", param="seed")
-    tokens = len(tts.tokenizer.encode(text)) + (len(tts.tokenizer.encode(instructions)) if instructions else 0)
-    limit = engine.input_limit
-    if tokens > limit:
-        raise RequestError(f"'input' has {tokens} tokens, past this model's limit of {limit} (its context less "
-                           f"{engine.max_frames} frames of audio)", param="input")
-    return SpeechRequest(model=model, input=text, voice=voice, instructions=instructions, language=language,
-                         response_format=fmt, stream_format=stream_format, seed=seed, input_tokens=tokens)
+    # extensions, checked as the text routes check them; absent leaves the checkpoint's setting
+    sampling = dict(temperature=_number(body, "temperature", None, float, 0.0, 2.0),
+                    top_k=_number(body, "top_k", None, int, 1),
+                    cfg_scale=_number(body, "cfg_scale", None, float, 0.0, 20.0))
+    req = SpeechRequest(model=model, input=text, voice=voice, instructions=instructions, language=language,
+                        response_format=fmt, stream_format=stream_format, seed=seed,
+                        sampling={k: v for k, v in sampling.items() if v is not None})
+    engine.family.check(req)  # last: Magpie's runs the text front end
+    return req
+
+
+# ---- the two model families ------------------------------------------------------------------------------
+
+class QwenSpeech:
+    """Qwen3-TTS's half of a SpeechEngine (a metalgen.tts TTSModel): CustomVoice speakers, a VoiceDesign
+    description, or the reference voices of a Base model (`ref_voices`: {name: (clip, transcript or None)});
+    `max_frames` caps a clip's 80 ms frames (None: the checkpoint's limit)."""
+
+    label = "Qwen3-TTS"
+
+    def __init__(self, tts, name: str, decode: Optional[str], max_frames: Optional[int],
+                 ref_voices: Dict[str, Tuple[str, Optional[str]]]):
+        from ..tts.audio import read_reference
+
+        self.tts, self.decode = tts, decode
+        self.max_frames = int(tts.sampling().max_frames if max_frames is None else max_frames)
+        if self.max_frames < 1:
+            raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
+        self.input_limit = tts.args.talker.max_position_embeddings - self.max_frames - PROMPT_OVERHEAD
+        self.sample_rate = tts.sample_rate
+        self.samples_per_frame = int(tts.speech.decoder.total_upsample)
+        self.refs: Dict[str, Tuple[Tuple[np.ndarray, int], Optional[str]]] = {}
+        if ref_voices and tts.model_type != "base":
+            raise MetalgenError(f"reference voices are for a Base model; {name} is {tts.model_type}")
+        for voice, (clip, transcript) in ref_voices.items():
+            # read once, here: a bad clip fails at start-up, not in every request
+            self.refs[voice] = ((read_reference(clip, self.sample_rate), self.sample_rate), transcript)
+
+    @property
+    def voices(self) -> List[str]:
+        """The CustomVoice speakers or the Base reference voices."""
+        return sorted(self.refs) if self.tts.model_type == "base" else list(self.tts.speakers)
+
+    def parameters(self):
+        """The weights to evaluate before the worker starts (the talker and the speech decoder)."""
+        return [self.tts.model.parameters(), self.tts.speech.parameters()]
+
+    def check(self, req: SpeechRequest) -> None:
+        """Refuse (RequestError) what this model cannot speak as asked; set the voice as the model names it and
+        the input's token count."""
+        tts, kind = self.tts, self.tts.model_type
+        if isinstance(req.voice, int):
+            raise _voice_name_error()
+        if kind == "voice_design":
+            # the voice is the one `instructions` describe; `voice` (which OpenAI clients must send) names nothing
+            req.voice = None
+            if not req.instructions:
+                raise RequestError("this VoiceDesign model needs 'instructions' describing the voice",
+                                   param="instructions")
+        else:
+            known = self.voices
+            hint = "" if known or kind != "base" else "; a Base model clones the voices of `metalgen serve --voice`"
+            if not req.voice:
+                raise RequestError(f"'voice' is required (known: {_shortened(known)}){hint}", param="voice")
+            match = {v.lower(): v for v in known}.get(req.voice.lower())
+            if match is None:
+                raise RequestError(f"unknown voice '{req.voice}' (known: {_shortened(known)}){hint}", param="voice")
+            req.voice = match
+            if req.instructions and not tts.supports_instruct:
+                raise RequestError(f"this model ({tts.args.tts_model_size} {kind}) does not take 'instructions'",
+                                   param="instructions")
+        if req.language is not None and req.language.lower() not in tts.languages:
+            raise RequestError(f"unknown language '{req.language}' (known: {_shortened(tts.languages)})",
+                               param="language")
+        if "cfg_scale" in req.sampling:
+            raise RequestError("'cfg_scale' is Magpie's classifier-free guidance; Qwen3-TTS has none",
+                               param="cfg_scale")
+        tokens = len(tts.tokenizer.encode(req.input))
+        tokens += len(tts.tokenizer.encode(req.instructions)) if req.instructions else 0
+        if tokens > self.input_limit:
+            raise RequestError(f"'input' has {tokens} tokens, past this model's limit of {self.input_limit} (its "
+                               f"context less {self.max_frames} frames of audio)", param="input")
+        req.input_tokens = tokens
+
+    def stream(self, req: SpeechRequest) -> Iterator[np.ndarray]:
+        """The checked request's audio, chunk by chunk (`TTSModel.stream`)."""
+        kw = dict(speaker=req.voice, language=req.language, instruct=req.instructions, seed=req.seed,
+                  decode=self.decode, max_frames=self.max_frames)
+        # one temperature and top-k for the talker and the code predictor alike, as one model to the client
+        for key in ("temperature", "top_k"):
+            if key in req.sampling:
+                kw[key] = kw["sub_" + key] = req.sampling[key]
+        if req.voice in self.refs:  # a Base model's reference voice, not a speaker
+            kw["speaker"] = None
+            (kw["ref_audio"], kw["ref_text"]) = self.refs[req.voice]
+        return self.tts.stream(req.input, **kw)
+
+
+# two probes for `_language_errors`: a letter most tokenizers map, and a character none does
+_PROBES = ("a", "\x00")
+
+
+def _language_errors(tts) -> Dict[str, str]:
+    """{language: why} for the checkpoint's languages that no text can be spoken in (a tokenizer metalgen
+    cannot build: Japanese, Mandarin, a missing dictionary). Told apart from a text's own fault without
+    reading messages: such a language refuses two unlike texts with the same error, while a working tokenizer's
+    error names the text's characters."""
+    errors = {}
+    for language in tts.languages:
+        found = []
+        for probe in _PROBES:
+            try:
+                tts.encode(probe, language)
+                found.append(None)
+            except MetalgenError as e:
+                found.append(str(e))
+        if found[0] is not None and found[0] == found[1]:
+            errors[language] = found[0]
+    return errors
+
+
+class MagpieSpeech:
+    """Magpie TTS's half of a SpeechEngine (a metalgen.magpie MagpieTTS): `voice` is a baked speaker (its name,
+    any case, or its index) or a voice cloned at start-up from `ref_voices` ({name: (clip, None)}; checkpoints
+    with a context encoder only); `language` a code or name of the checkpoint's (default "en"); `max_frames`
+    caps a clip's codec frames (46 ms each; None: the checkpoint's limit)."""
+
+    label = "Magpie TTS"
+    model_type = "magpie"  # MagpieTTS.model_type: how SpeechEngine tells the loaded model's family
+    DEFAULT_LANGUAGE = "en"  # MagpieTTS's own default
+
+    def __init__(self, tts, name: str, max_frames: Optional[int], ref_voices: Dict[str, Tuple[str, Optional[str]]]):
+        self.tts = tts
+        a = tts.model.args
+        self.max_frames = int(tts.sampling.max_frames if max_frames is None else max_frames)
+        tts.sampling_for(max_frames=self.max_frames)  # its own checks (at least one decoder step's frames)
+        self.sample_rate = tts.sample_rate
+        self.samples_per_frame = tts.samples_per_frame
+        self.speakers = {s.lower(): i for i, s in enumerate(tts.speakers)}
+        self.refs: Dict[str, mx.array] = {}
+        for voice, (clip, transcript) in ref_voices.items():
+            if transcript is not None:
+                raise MetalgenError(f"--voice-text {voice}=...: Magpie clones a voice from the clip alone")
+            if voice.lower() in self.speakers:
+                raise MetalgenError(f"--voice {voice}: {name} has a speaker of that name already")
+            self.refs[voice] = self._clone(voice, clip)
+        self.clones = {v.lower(): v for v in self.refs}
+        self.language_errors = _language_errors(tts)
+        # the text encoder's learned positions bound the input; without them nothing does
+        encoder, decoder = tts.model.encoder, tts.model.decoder
+        self.input_limit = a.encoder.max_length_causal_mask if "position_embeddings" in encoder else None
+        # the decoder's: the longest speaker context, a BOS block and a position per step (checked here, once,
+        # rather than failing every request)
+        context = max([a.baked_context_len] * bool(tts.speakers) + [c.shape[1] for c in self.refs.values()],
+                      default=0)
+        need = context + 1 + self.max_frames // a.frame_stacking_factor
+        if "position_embeddings" in decoder and need > a.decoder.max_length_causal_mask:
+            raise MetalgenError(f"{name}: {self.max_frames} frames after a {context}-frame speaker context need "
+                                f"{need} decoder positions; the model has {a.decoder.max_length_causal_mask}")
+
+    def _clone(self, voice: str, clip: str) -> mx.array:
+        """The speaker context of `clip`, made once: what `MagpieTTS.prepare(ref_audio=clip)` makes (the same
+        function, called without the text prepare would need), passed to every request as its speaker."""
+        from ..magpie.clone import reference_context
+
+        try:
+            context = reference_context(self.tts.model, self.tts.codec, clip)
+        except MetalgenError as e:
+            raise MetalgenError(f"--voice {voice}: {e}")
+        mx.eval(context)  # here: an array still to compute would be computed on this thread's stream, not the worker's
+        return context
+
+    @property
+    def voices(self) -> List[str]:
+        """The baked speakers, then the cloned voices."""
+        return list(self.tts.speakers) + sorted(self.refs)
+
+    def parameters(self):
+        """The weights to evaluate before the worker starts (the transformer and the codec)."""
+        return [self.tts.model.parameters(), self.tts.codec.parameters()]
+
+    def _voice(self, voice) -> Union[str, int]:
+        """The cloned voice's name or the baked speaker's index that `voice` (a name, any case, or an index,
+        as an integer or its digits) names."""
+        if not isinstance(voice, int):
+            if voice.lower() in self.clones:
+                return self.clones[voice.lower()]
+            if voice.lower() in self.speakers:
+                return self.speakers[voice.lower()]
+            if not voice.strip().isdigit():
+                raise self._voice_error(f"unknown voice '{voice}'")
+        index = int(voice)
+        if not 0 <= index < len(self.tts.speakers):
+            raise self._voice_error(f"unknown voice '{voice}'")
+        return index
+
+    def _voice_error(self, what: str) -> RequestError:
+        """`what`, then the voices a request may name."""
+        n = len(self.tts.speakers)
+        if not n and not self.refs:  # a checkpoint that only clones, started without a voice to clone
+            return RequestError(f"{what}: this checkpoint has no baked speakers, and clones the voices of "
+                                "`metalgen serve --voice NAME=CLIP` (none given)", param="voice")
+        index = f"; or a speaker index 0..{n - 1}" if n else ""
+        return RequestError(f"{what} (known: {_shortened(self.voices)}{index})", param="voice")
+
+    def check(self, req: SpeechRequest) -> None:
+        """Refuse (RequestError) what this checkpoint cannot speak as asked; set the voice (a speaker index or
+        a cloned voice's name), the language code and the input's text token count."""
+        tts = self.tts
+        if req.instructions:
+            raise RequestError("Magpie TTS does not take 'instructions' (its voice is the speaker's)",
+                               param="instructions")
+        if req.voice is None or req.voice == "":
+            raise self._voice_error("'voice' is required")
+        voice = self._voice(req.voice)
+        asked = self.DEFAULT_LANGUAGE if req.language is None else req.language
+        language = tts.language_code(asked)  # a code or a name ("English"), any case
+        if language not in tts.languages:
+            default = " (the default)" if req.language is None else ""
+            raise RequestError(f"unknown language '{asked}'{default} (known: {_shortened(tts.languages)})",
+                               param="language")
+        if language in self.language_errors:
+            raise RequestError(self.language_errors[language], param="language")
+        speaker = self.refs[voice] if isinstance(voice, str) else voice
+        try:
+            # the voice, language and sampling are known good here: what is left to fail is the text
+            ids, _, _ = tts.prepare(req.input, language, speaker, **req.sampling)
+        except MetalgenError as e:
+            raise RequestError(str(e), param="input")
+        if self.input_limit is not None and len(ids) > self.input_limit:
+            raise RequestError(f"'input' has {len(ids)} text tokens, past this model's limit of {self.input_limit} "
+                               "(its text encoder's positions)", param="input")
+        req.voice, req.language, req.input_tokens = voice, language, len(ids)
+
+    def stream(self, req: SpeechRequest) -> Iterator[np.ndarray]:
+        """The checked request's audio, chunk by chunk (`MagpieTTS.stream`)."""
+        speaker = self.refs[req.voice] if isinstance(req.voice, str) else req.voice
+        return self.tts.stream(req.input, language=req.language, speaker=speaker, seed=req.seed,
+                               max_frames=self.max_frames, **req.sampling)
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
@@ -235,34 +470,29 @@ class SpeechJob(JobEvents):
 
 
 class SpeechEngine:
-    """Serves a loaded `metalgen.tts.TTSModel` as `name`, one request at a time on a worker thread, through
-    `TTSModel.stream` (audio chunks while the frames are generated). `ref_voices` maps voice names to
-    (reference clip, its transcript or None) for a Base model; `max_frames` caps a clip's 80 ms frames
-    (None: the checkpoint's limit)."""
+    """Serves a loaded speech model (a metalgen.tts TTSModel or a metalgen.magpie MagpieTTS, as
+    `metalgen.tts.load` gives them) as `name`, one request at a time on a worker thread, through the model's
+    `stream` (audio chunks while the frames are generated). `ref_voices` maps voice names to (reference clip,
+    its transcript or None): a Qwen3-TTS Base model's voices, or voices a Magpie checkpoint with a context
+    encoder clones; `max_frames` caps a clip's frames (None: the checkpoint's limit); `decode` is Qwen3-TTS's
+    decode path. What differs by model is `family` (a QwenSpeech or a MagpieSpeech)."""
 
     task = "speech"
 
     def __init__(self, tts, name: str, decode: Optional[str] = "auto", max_frames: Optional[int] = None,
                  ref_voices: Optional[Dict[str, Tuple[str, Optional[str]]]] = None):
-        from ..tts.audio import read_reference
-
-        self.tts, self.name, self.decode = tts, name, decode
-        self.max_frames = int(tts.sampling().max_frames if max_frames is None else max_frames)
-        if self.max_frames < 1:
-            raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
-        self.input_limit = tts.args.talker.max_position_embeddings - self.max_frames - PROMPT_OVERHEAD
-        self.sample_rate = tts.sample_rate
-        self.samples_per_frame = int(tts.speech.decoder.total_upsample)
-        self.refs: Dict[str, Tuple[Tuple[np.ndarray, int], Optional[str]]] = {}
-        if ref_voices and tts.model_type != "base":
-            raise MetalgenError(f"reference voices are for a Base model; {name} is {tts.model_type}")
-        for voice, (clip, transcript) in (ref_voices or {}).items():
-            # read once, here: a bad clip fails at start-up, not in every request
-            self.refs[voice] = ((read_reference(clip, self.sample_rate), self.sample_rate), transcript)
+        self.tts, self.name = tts, name
+        if tts.model_type == MagpieSpeech.model_type:
+            self.family = MagpieSpeech(tts, name, max_frames, ref_voices or {})
+        else:
+            self.family = QwenSpeech(tts, name, decode, max_frames, ref_voices or {})
+        self.max_frames = self.family.max_frames
+        self.sample_rate = self.family.sample_rate
+        self.samples_per_frame = self.family.samples_per_frame
         self.formats = encodable(self.sample_rate)
         self.last: Optional[Tuple[str, int]] = None  # how the last job ended ("done"/"cancelled"/"error", frames)
         # as the text engine does: evaluate the weights here, generate on the worker's own stream
-        mx.eval(tts.model.parameters(), tts.speech.parameters())
+        mx.eval(*self.family.parameters())
         self.stream = mx.new_thread_local_stream(mx.default_device())
         self.jobs: "queue.Queue[SpeechJob]" = queue.Queue()
         self.worker = threading.Thread(target=self._work, name="metalgen-speech", daemon=True)
@@ -270,8 +500,8 @@ class SpeechEngine:
 
     @property
     def voices(self) -> List[str]:
-        """The voice names a request may ask for: the CustomVoice speakers or the Base reference voices."""
-        return sorted(self.refs) if self.tts.model_type == "base" else list(self.tts.speakers)
+        """The voice names a request may ask for."""
+        return self.family.voices
 
     def submit(self, req: SpeechRequest) -> SpeechJob:
         job = SpeechJob(req, asyncio.get_running_loop())
@@ -287,27 +517,24 @@ class SpeechEngine:
         if job.cancelled.is_set():
             return
         req, samples, end = job.req, 0, "done"
-        kw = dict(speaker=req.voice, language=req.language, instruct=req.instructions, seed=req.seed,
-                  decode=self.decode, max_frames=self.max_frames)
-        if req.voice in self.refs:  # a Base model's reference voice, not a speaker
-            kw["speaker"] = None
-            (kw["ref_audio"], kw["ref_text"]) = self.refs[req.voice]
         try:
-            with contextlib.closing(self.tts.stream(req.input, **kw)) as chunks:
+            with contextlib.closing(self.family.stream(req)) as chunks:
                 for chunk in chunks:
                     samples += chunk.shape[0]
                     job.put("audio", chunk)
                     if job.cancelled.is_set():
                         end = "cancelled"
                         break
-            job.put("done", samples // self.samples_per_frame)
+            last = ("done", samples // self.samples_per_frame)
         except MetalgenError as e:
             end = "error"
-            job.put("error", e if isinstance(e, RequestError) else RequestError(str(e)))
+            last = ("error", e if isinstance(e, RequestError) else RequestError(str(e)))
         except Exception as e:  # noqa: BLE001 - the server survives a failed request, and says why
             end = "error"
-            job.put("error", RequestError(f"speech generation failed: {type(e).__name__}: {e}", 500, "server_error"))
+            last = ("error", RequestError(f"speech generation failed: {type(e).__name__}: {e}", 500, "server_error"))
+        # recorded before the last event, so that whoever has the whole answer also sees how the job ended
         self.last = (end, samples // self.samples_per_frame)
+        job.put(*last)
 
 
 # ---- the route -------------------------------------------------------------------------------------------
