@@ -5,7 +5,8 @@ answers were read off NeMo's source. With it (tests/magpie_ref/make_chunk_refere
 word count and chunk's ids NeMo made for long texts in seven languages (splits and counts only for zh,
 ja), and the greedy codes of do_tts's multi-chunk loop on the tiny models, CFG on and off, frame
 stacking 1 (chunks cut by the forced chunk end, the last one running to the step limit) and 2 (every
-chunk ending on EOS inside a step)."""
+chunk ending on EOS inside a step), in both decoder modes: NeMo's uncached default against the
+recompute loop, its decoder cache reset per chunk against the fast frame loop (metalgen/magpie/frames.py)."""
 
 from __future__ import annotations
 
@@ -136,13 +137,44 @@ def test_forced_end_counts_steps_near_the_end():
     assert not p.forced_end  # the last chunk ends on EOS only
 
 
-def test_several_chunks_need_the_recompute_loop():
+def test_no_chunks_refused():
     from metalgen.magpie.generate import stream_chunks
 
-    with pytest.raises(MetalgenError, match="fast frame loop"):
-        list(stream_chunks(None, [[1, 2, 3], [4, 5, 6]], 0, recompute=False))
     with pytest.raises(MetalgenError, match="no text chunks"):
         list(stream_chunks(None, [], 0))
+
+
+@pytest.mark.parametrize("L, offset, first_rel", [
+    (60, 20, 3),  # the shaped prior, from inside the window
+    (60, 57, -40),  # from far left of the window: NeMo's negative slices and indices
+    (40, 30, -6),  # a negative position whose weights wrap around to the window's start
+    (30, 10, -5),  # a flat-prior window
+    (50, 5, 46),  # near the end from the start: the search runs dry, a sink at the last position
+])
+def test_device_chunk_prior_matches_the_host_rules(L, offset, first_rel):
+    """frames.advance_chunk_prior (device ops) against chunking.attended_position and
+    multi_chunk_prior_row (the host rules the reference runs check) over 40 steps of scores whose
+    favourite position dwells long enough to be stepped over."""
+    import mlx.core as mx
+
+    from metalgen.magpie.frames import PriorState, advance_chunk_prior
+
+    rules, eps, window = ChunkRules(), 0.1, 5
+    rng = np.random.default_rng(L + offset)
+    left = max(0, -first_rel)
+    state = PriorState(mx.array(first_rel, dtype=mx.int32), mx.zeros((L + left + 1,), dtype=mx.int32))
+    last, counter = offset + first_rel, {}
+    for step in range(40):
+        scores = rng.random(L).astype(np.float32)
+        scores[(step // 6 * 3 + first_rel) % L] += 2.0  # a favourite that moves every 6 steps
+        want = attended_position(scores, last, counter, L, window, offset)
+        want_row = multi_chunk_prior_row(want, counter, L, offset, eps, rules)
+        last = want
+        row, attended, state = advance_chunk_prior(mx.array(scores), state, left, window, eps, rules)
+        assert int(attended.item()) + offset == want, step
+        np.testing.assert_array_equal(np.array(row), want_row)
+    if first_rel == 46:
+        assert counter[offset + L - 1] >= rules.sink_count
 
 
 # ------------------------------------------------------------------------- against NeMo's dump
@@ -193,8 +225,9 @@ def test_rules_match_nemo(ref):
 
 
 def _run(ref, key, n_chunks=None):
-    """Our recompute loop on run `key`'s chunks -> (codes, records, NeMo's codes), stopping after
-    `n_chunks` chunks when given (the pieces are consumed one by one, so the loop stops there)."""
+    """Our loop on run `key`'s chunks (the fast one for NeMo's cached runs, else the recompute loop)
+    -> (codes, records, NeMo's codes, NeMo's chunks), stopping after `n_chunks` chunks when given
+    (the pieces are consumed one by one, so the loop stops there)."""
     from metalgen.magpie.generate import MagpieSampling, stream_chunks
 
     run = ref["meta"]["runs"][key]
@@ -203,7 +236,7 @@ def _run(ref, key, n_chunks=None):
     record, pieces = {}, []
     n = n_chunks or len(run["chunks"])
     for piece in stream_chunks(model, [c["ids"] for c in run["chunks"]], run["speaker_index"], s, cfg=run["cfg"],
-                               record=record, recompute=True):
+                               record=record, recompute=not run["cached"]):
         if len(record["chunks"]) >= n:
             break  # this piece is the next chunk's first
         pieces.append(piece)
@@ -223,13 +256,18 @@ def _same(got, want):
     ("s1_de_cfg", 3),
     ("s2_en_cfg", None),  # every chunk ends on EOS inside a stacked step
     ("s2_en_nocfg", None),
+    # The fast loop against NeMo's decoder cache reset per chunk.
+    ("s1_en_cfg_cached", None),
+    ("s1_en_nocfg_cached", None),
+    ("s2_en_cfg_cached", None),
 ])
 def test_greedy_codes_match_do_tts(ref, key, n_chunks):
     got, records, want, chunks = _run(ref, key, n_chunks)
     for rec, c in zip(records, chunks):
         assert rec["window"] == c["window"] and rec["left_offset"] == c["left_offset"]
+        assert rec["attended"][-1] == c["last_attended"]
     _same(got, want)
-    if key == "s1_en_cfg":
+    if key in ("s1_en_cfg", "s1_en_cfg_cached", "s1_en_nocfg_cached"):
         assert [r["forced_end"] for r in records] == [True] * 6 + [False]
         assert records[-1]["end_frame"] is None
     if key.startswith("s2"):
@@ -238,11 +276,12 @@ def test_greedy_codes_match_do_tts(ref, key, n_chunks):
         assert all(r["end_frame"] is not None for r in records)
 
 
-def test_the_history_splice_matters(ref, monkeypatch):
+@pytest.mark.parametrize("key", ["s2_en_cfg", "s2_en_cfg_cached"])
+def test_the_history_splice_matters(ref, monkeypatch, key):
     """Guard against a vacuous parity: with the history rows of the text memory recomputed for the
-    new window (not kept from the previous one) the codes change."""
+    new window (not kept from the previous one) the codes change, in both loops."""
     monkeypatch.setattr(ChunkState, "splice", lambda self, window, memory: memory)
-    got, _, want, _ = _run(ref, "s2_en_cfg")
+    got, _, want, _ = _run(ref, key)
     assert got.shape != want.shape or (got != want).any()
 
 
@@ -283,14 +322,15 @@ def test_api_speaks_long_text_in_chunks():
 
 
 def test_api_matches_do_tts(ref):
-    """`MagpieTTS.codes` on the frame-stacking-2 reference model: do_tts's chunks and greedy codes."""
+    """`MagpieTTS.codes` on the frame-stacking-2 reference model: do_tts's chunks, and the greedy codes
+    of its cached decoder reset per chunk (the fast loop users get)."""
     from magpie_ref.harness import chunk_reference_folder
     from metalgen import magpie
 
     folder = chunk_reference_folder()
     tts = magpie.load(folder / "magpie_s2.nemo", codec=folder / "codec.nemo")
-    run = ref["meta"]["runs"]["s2_en_cfg"]
+    run = ref["meta"]["runs"]["s2_en_cfg_cached"]
     text = next(c["text"] for c in ref["meta"]["splits"] if c["language"] == "en")
     assert tts.encode_chunks(text, "en") == [c["ids"] for c in run["chunks"]]
     got = tts.codes(text, "en", speaker=run["speaker_index"], max_frames=ref["meta"]["max_decoder_steps"])
-    _same(got, ref["npz"]["s2_en_cfg_codes"])
+    _same(got, ref["npz"]["s2_en_cfg_cached_codes"])

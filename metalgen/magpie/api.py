@@ -283,8 +283,7 @@ class MagpieTTS:
               cfg: bool = True, seed: Optional[int] = None, ref_audio=None, **sampling) -> np.ndarray:
         """Codec codes (C, T) int64 for `text` (see `synthesize`)."""
         chunks, index, s = self.prepare_chunks(text, language, speaker, ref_audio, **sampling)
-        # One chunk runs the fast loop. Several run the recompute loop (NeMo's default uncached
-        # decoder): the fast loop (frames.py) does not carry state across chunks yet.
+        # The fast loop (frames.py: NeMo's decoder cache, reset before each chunk of a long text).
         return generate_chunks(self.model, chunks, index, s, cfg=cfg, seed=seed)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
@@ -319,8 +318,8 @@ class MagpieTTS:
         chunks, index, s = self.prepare_chunks(text, language, speaker, ref_audio, **sampling)
         if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
             raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
-        # Several text chunks: the recompute loop for now (see `codes`); the audio still comes piece
-        # by piece, across the chunks, from one codec stream (do_tts decodes the joined codes once).
+        # The fast loop, chunk after chunk for a long text (see `codes`); the audio comes piece by piece
+        # across the chunks from one codec stream (do_tts decodes the joined codes once).
         pieces = stream_chunks(self.model, chunks, index, s, cfg=cfg, seed=seed)
         return stream_audio(self.codec, pieces, chunk_frames, first_chunk_frames, left_context)
 

@@ -33,6 +33,7 @@ import numpy as np
 from ..cache import StaticKVCache
 from ..errors import MetalgenError
 from ..sampling import make_sampler
+from .chunking import ChunkRules, ChunkState, ChunkWindow
 from .decoder_kernel import StackedMemory, decoder_kernel, kernel_step, stack_caches
 from .generate import (
     _EOS_METHODS,
@@ -201,13 +202,18 @@ class FrameLoop:
     """The cached generation of one utterance. `pieces()` yields (C, k) int64 code pieces.
 
     `model`: `metalgen.models.magpie.model.Model`; `text_ids` (L,) with text EOS last; `speaker`: a
-    baked speaker index or a context (1, T_ctx, d); `cfg`: classifier-free guidance.
+    baked speaker index or a context (1, T_ctx, d); `cfg`: classifier-free guidance. `chunk`, one
+    chunk of a long text as (the `chunking.ChunkState` carried across chunks, this chunk's
+    `ChunkWindow`), runs NeMo's `generate_speech` for that chunk with its decoder cache reset
+    (`ChunkStepGraph`; `text_ids` is then the window's). `sampler`, when given, replaces the one
+    made from `seed` (`generate.stream_chunks` runs one across all the chunks).
 
     The step runs eagerly. Tracing it with mx.compile was measured and dropped (docs/magpie.md,
     "Speed"): fewer milliseconds a step in bf16, but minutes of tracing on first use."""
 
     def __init__(self, model, text_ids, speaker, sampling: Optional[MagpieSampling] = None, cfg: bool = True,
-                 max_frames: Optional[int] = None, seed: Optional[int] = None):
+                 max_frames: Optional[int] = None, seed: Optional[int] = None,
+                 chunk: Optional[Tuple[ChunkState, ChunkWindow]] = None, sampler=None):
         self.model = model
         self.s = s = sampling or MagpieSampling()
         a = model.args
@@ -218,9 +224,14 @@ class FrameLoop:
         self.steps = max(0, self.limit // self.S)
         self.cfg = cfg
 
+        self.chunk = chunk
+        if chunk is not None:
+            text_ids = chunk[1].ids  # the chunk's window: history tokens, then its own
         ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
         self.L = L = ids.shape[1]
         memory = model.encode_text(mx.array(ids))  # (1, L, d)
+        if chunk is not None:
+            memory = chunk[0].splice(chunk[1], memory)  # history rows as the previous window had them
         ctx = speaker if isinstance(speaker, mx.array) else model.speaker_context(speaker)  # (1, Tc, d)
         if cfg:
             # Row 1 is the unconditional branch: zero text with only position 0 valid, zero context.
@@ -241,15 +252,20 @@ class FrameLoop:
                 f"{self.capacity} decoder positions; the model has {table}"
             )
         # temperature <= 0 is NeMo's argmax; the fused sampler is greedy at temperature 0.
-        sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
+        if sampler is None:
+            sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
         # Additive masks: forbidden specials always, EOS too while it is banned.
         self.bad = [mx.where(_forbidden_mask(self.V, a.codebook_size, a.audio_eos_id, f), -mx.inf, 0.0)
                     for f in (False, True)]
         self.graphs = {p: StepGraph(model, s, cfg, self.rows, p, sampler) for p in (False, True)}
+        self.first_prior = None  # the prefill's prior: none but for a later chunk of a long text
+        if chunk is not None:
+            self.graphs = {p: ChunkStepGraph(g, *chunk) for p, g in self.graphs.items()}
+            self.first_prior = self.graphs[True].fixed_prior
 
     def prefill(self):
-        """[speaker context ; BOS block] through the decoder (no prior yet) -> (state (rows, d),
-        alignment scores (L,), static keys, values).
+        """[speaker context ; BOS block] through the decoder (no prior yet, but a later chunk's first
+        prior for a long text) -> (state (rows, d), alignment scores (L,), static keys, values).
 
         On a GPU backend whose decoder the fused kernel takes (`decoder_kernel.decoder_kernel`), the
         prompt still runs on the MLX decoder, then its caches are copied once into the kernel's stacked
@@ -263,7 +279,7 @@ class FrameLoop:
         x = mx.concatenate([self.ctx, mx.broadcast_to(audio, (self.rows,) + audio.shape[1:])], axis=1)
         cache = m.decoder.make_cache()
         h, probs = m.decoder_hidden(x, self.memory_kv, memory_mask=self.memory_mask, return_attention=True,
-                                    cache=cache)
+                                    cache=cache, attn_prior=_layer_prior(self.first_prior, self.graphs[True]))
         scores = alignment_scores(probs, self.graphs[True].est_layers)
         packed = decoder_kernel(m)
         if packed is not None:
@@ -275,18 +291,28 @@ class FrameLoop:
 
     def pieces(self, record: Optional[dict] = None) -> Iterator[np.ndarray]:
         """Yields (C, k) int64 pieces, each final: the frames of a step up to (not including) its
-        EOS frame. `record`, when a dict, gets "attended" and "priors" per step, "end_frame", "steps"."""
+        EOS frame. `record`, when a dict, gets "attended" and "priors" per step, "end_frame", "steps",
+        and for a chunk of a long text "forced_end", "window", "left_offset"; a chunk's loop, run to
+        its end, leaves its last attended position (and whether speech ended) in the `ChunkState`."""
         s = self.s
+        chunked = self.chunk is not None
         if record is not None:
             record.update(attended=[], priors=[], end_frame=None, steps=0)
+            if chunked:
+                w = self.chunk[1]
+                record.update(forced_end=False, window=w.ids.tolist(), left_offset=w.left_offset)
         if self.steps < 1:
             return
         h, scores, keys, values, offset = self.prefill()
-        last = mx.array(1, dtype=mx.int32)
-        counter = mx.zeros((self.L,), dtype=mx.int32)
+        if chunked:
+            last, counter = self.graphs[True].start()
+        else:
+            last = mx.array(1, dtype=mx.int32)
+            counter = mx.zeros((self.L,), dtype=mx.int32)
 
         def enqueue(n, h, scores, last, counter, keys, values, offset):
-            use_prior = s.apply_prior and n >= s.start_prior_after
+            # (NeMo's generate_speech, the long-text path, has no start_prior_after.)
+            use_prior = s.apply_prior and (n >= s.start_prior_after or chunked)
             bad = self.bad[int(n * self.S < s.min_frames)]
             out = self.graphs[use_prior](h, scores, last, counter, bad, offset, keys, values,
                                          self.memory_kv, self.memory_mask)
@@ -294,6 +320,7 @@ class FrameLoop:
             return out
 
         cur = enqueue(0, h, scores, last, counter, keys, values, offset)
+        end = None
         for n in range(self.steps):
             codes_a, eos_a, h, scores, last, counter, attended, prior_row, keys, values = cur
             nxt = None
@@ -301,17 +328,156 @@ class FrameLoop:
                 offset = offset + 1
                 nxt = enqueue(n + 1, h, scores, last, counter, keys, values, offset)
             codes = np.array(codes_a, dtype=np.int64).T  # (C, S)
+            # The stacked frame of EOS; S: none; S + 1: a chunk of a long text cut at its end.
             eos = int(eos_a.item())
             if record is not None:
                 record["steps"] = n + 1
                 if int(attended.item()) >= 0:
                     record["attended"].append(int(attended.item()))
                     record["priors"].append(np.array(prior_row))
-            keep = min(eos, self.limit - n * self.S)
+            keep = min(eos, self.S, self.limit - n * self.S)
             if keep > 0:
                 yield codes[:, :keep]
-            if eos < self.S:
+            if eos != self.S:
+                end = n * self.S + min(eos, self.S)
                 if record is not None:
-                    record["end_frame"] = n * self.S + eos
-                return
+                    record["end_frame"] = end
+                    record["forced_end"] = eos > self.S
+                break
             cur = nxt
+        if chunked:
+            state, window = self.chunk
+            # `last` is the stopping step's: (the attended position in the window, steps near its end).
+            state.last_attended = int(last[0].item()) + window.left_offset
+            state.ended = window.last and end is not None
+
+
+# -------------------------------------------------------------------------------------- long text
+
+
+def _layer_prior(prior: Optional[mx.array], graph: StepGraph):
+    """A prior (rows, 1, L) as the decoder takes it: one for every layer, or per layer (None on the
+    layers outside `apply_prior_to_layers`)."""
+    if prior is None or graph.prior_layers is None:
+        return prior
+    return [prior if i in graph.prior_layers else None for i in range(graph.n_layers)]
+
+
+def advance_chunk_prior(
+    scores: mx.array, state: PriorState, left: int, window: int, eps: float, rules: ChunkRules
+) -> Tuple[mx.array, mx.array, PriorState]:
+    """`advance_prior` for a later chunk of a long text (NeMo's get_most_attended_text_timestep with
+    the chunk's window offset, then construct_multi_chunk_prior), as device ops (no readback); the
+    host rules are `chunking.attended_position` / `multi_chunk_prior_row`.
+
+    Positions count from the window's start. The last attended one, carried from the previous
+    chunk, may lie left of the window: NeMo then slices and indexes with a negative number, which
+    Python reads from the end, and this does the same. `state.counter` has `left` + L + 1 slots,
+    slot i for position i - `left` (`left` positions left of the window, and one past its end,
+    where a sink at the last position sends the search). Returns (prior row (L,) float32,
+    attended position (scalar int32), the new state)."""
+    L = scores.shape[0]
+    eps2 = eps * eps
+    idx = mx.arange(L, dtype=mx.int32)
+    slots = mx.arange(state.counter.shape[0], dtype=mx.int32) - left
+
+    def bound(i):  # a slice bound as Python reads it
+        return mx.where(i < 0, mx.maximum(i + L, 0), mx.minimum(i, L))
+
+    def at(i):  # an index as Python reads it
+        return mx.where(i < 0, i + L, i)
+
+    last = state.last + (state.counter[state.last + left] >= SINK_SKIP_COUNT).astype(mx.int32)
+    start, end = bound(last), bound(mx.minimum(last + window, L - IGNORED_TAIL))
+    best = mx.argmax(mx.where((idx >= start) & (idx < end), scores, -mx.inf)).astype(mx.int32)
+    attended = mx.where(end > start, last + best - start, L - 1).astype(mx.int32)
+    counter = state.counter + (slots == attended).astype(mx.int32)
+
+    if L <= rules.flat_prior_max_len:
+        row = mx.ones((L,), dtype=mx.float32)
+    else:
+        # NeMo's assignments in its order (with a position left of the window they overlap).
+        w = rules.weights
+        before = mx.maximum(attended - 1, 1)
+        row = mx.full((L,), eps, dtype=mx.float32)
+        row = mx.where(idx < before, eps2, row)
+        row = mx.where(idx == before, w[0], row)
+        row = mx.where(idx == at(attended), w[1], row)
+        for d, weight in enumerate(w[2:], start=1):
+            row = mx.where((attended + d < L) & (idx == at(attended + d)), weight, row)
+        tail = attended + len(w) - 1
+        row = mx.where((tail < L) & (idx >= bound(tail)), eps2, row)
+    # The furthest position right of the window start attended too often (-1 if none) pushes
+    # everything up to it down.
+    sink = mx.max(mx.where((slots > 0) & (counter >= rules.sink_count), slots, -1))
+    row = mx.where(idx <= sink, eps2, row).astype(mx.float32)
+    return row, attended, PriorState(attended, counter)
+
+
+class ChunkStepGraph(StepGraph):
+    """One step of a chunk of a long text: NeMo's `generate_speech` for that chunk with its decoder
+    cache reset before the chunk (the cached twin of `generate._stream_recompute` with a chunk).
+
+    It takes over a built `StepGraph` (whatever that draws and decodes with stays) and changes the
+    prior and the end: the first chunk keeps the single-chunk prior (`advance_prior`), later ones
+    take `advance_chunk_prior`, a later chunk starts from (and without the attention prior keeps)
+    `fixed_prior`, and a chunk that is not the last is cut once its alignment has been near its end
+    for `rules.forced_end_after` steps. All of it is device work: the tracker's `last` is a pair of
+    scalars (the attended position, counted from the window's start, and the steps since it first
+    came near the end), and the cut comes back in the EOS position as S + 1 (all of the step's
+    frames kept). `attended` is returned in the whole text's positions, as NeMo counts them."""
+
+    def __init__(self, graph: StepGraph, state: ChunkState, window: ChunkWindow):
+        self.__dict__.update(graph.__dict__)
+        self.advance = graph.use_prior
+        self.use_prior = False  # StepGraph's own (single-chunk) prior is replaced by this class's
+        self.window, self.rules = window, state.rules
+        self.last0 = state.last_attended - window.left_offset
+        self.left = 0 if window.first else max(0, -self.last0)
+        first = window.initial_prior(self.s.prior_epsilon, state.rules)
+        self.fixed_prior = None if first is None else self.rows_prior(mx.array(first))
+        self.step_prior = None  # the prior `decode` applies, set per step by __call__
+
+    def rows_prior(self, row: mx.array) -> mx.array:
+        """The conditional row's prior (L,) -> (rows, 1, L): the CFG row keeps a flat epsilon."""
+        prior = row[None, None]
+        if self.rows > 1:
+            prior = mx.concatenate([prior, mx.full((self.rows - 1, 1, row.shape[0]), self.s.prior_epsilon)], axis=0)
+        return prior
+
+    def start(self) -> Tuple[Tuple[mx.array, mx.array], mx.array]:
+        """The tracker before the chunk's first step: (last, steps near the end), counter."""
+        last = (mx.array(self.last0, dtype=mx.int32), mx.array(0, dtype=mx.int32))
+        size = self.window.ids.shape[0] + (0 if self.window.first else self.left + 1)
+        return last, mx.zeros((size,), dtype=mx.int32)
+
+    def decode(self, x, prior, offset, keys, values, memory_kv, memory_mask):
+        return super().decode(x, self.step_prior, offset, keys, values, memory_kv, memory_mask)
+
+    def __call__(self, h, scores, last, counter, bad, offset, keys, values, memory_kv, memory_mask):
+        s, rules, w = self.s, self.rules, self.window
+        L = scores.shape[0]
+        self.step_prior = self.fixed_prior
+        attended = prior_row = near = None
+        if self.advance:
+            pos, near = last
+            if w.first:  # offset 0: the window's positions are the whole text's
+                prior_row, attended, st = advance_prior(scores, PriorState(pos, counter), s.prior_window,
+                                                        s.prior_epsilon)
+                close = attended >= L - rules.first_near_end
+            else:
+                prior_row, attended, st = advance_chunk_prior(scores, PriorState(pos, counter), self.left,
+                                                              s.prior_window, s.prior_epsilon, rules)
+                close = attended >= L - rules.near_end
+            near = mx.where((near > 0) | close, near + 1, 0).astype(mx.int32)
+            last, counter = (st.last, near), st.counter
+            self.step_prior = self.rows_prior(prior_row)
+        out = list(super().__call__(h, scores, None, None, bad, offset, keys, values, memory_kv, memory_mask))
+        self.step_prior = None
+        eos = out[1]
+        if near is not None and not w.last:
+            eos = mx.where((eos == self.S) & (near >= rules.forced_end_after), self.S + 1, eos).astype(mx.int32)
+        out[1], out[4], out[5] = eos, last, counter
+        if attended is not None:
+            out[6], out[7] = attended + w.left_offset, prior_row
+        return tuple(out)

@@ -233,10 +233,10 @@ def stream_chunks(
     them. One chunk is exactly `stream_codes`. Several run NeMo's multi-chunk `generate_speech`
     once per chunk with `chunking.ChunkState` carried across; `max_frames` then bounds each chunk.
 
-    `recompute`: None picks the fast loop for one chunk and the recompute loop for several (the
-    fast loop, metalgen.magpie.frames, does not run chunks yet); False with several chunks is
-    refused. `record`, when a dict, gets "chunks": one `stream_codes` record per chunk (plus
-    "forced_end", "window" and "left_offset")."""
+    `recompute`: None or False runs the fast loop (metalgen.magpie.frames, NeMo's decoder cache reset
+    before each chunk), True the recompute loop (NeMo's default: `do_tts` never turns the cache on).
+    `record`, when a dict, gets "chunks": one `stream_codes` record per chunk (plus "forced_end",
+    "window" and "left_offset")."""
     chunks = [list(c) for c in chunks]
     if not chunks:
         raise MetalgenError("Magpie: no text chunks to speak")
@@ -247,19 +247,28 @@ def stream_chunks(
         if record is not None:
             record["chunks"] = [inner]
         return
-    if recompute is False:
-        raise MetalgenError("Magpie's fast frame loop does not run multi-chunk (long) text yet")
     state = ChunkState()
     # One random stream across the chunks, as NeMo's global generator runs on from chunk to chunk.
-    key = mx.random.key(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**63)))
+    if recompute:
+        key = mx.random.key(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**63)))
+    else:
+        from ..sampling import make_sampler
+        from .frames import FrameLoop
+
+        s = sampling or MagpieSampling()
+        sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
     if record is not None:
         record["chunks"] = []
     for i, ids in enumerate(chunks):
         window = state.open(ids, last=i == len(chunks) - 1)
-        key, sub = mx.random.split(key)
         inner = {} if record is not None else None
-        yield from _stream_recompute(model, ids, speaker, sampling, cfg, max_frames, None, inner,
-                                     chunk=(state, window), key=sub)
+        if recompute:
+            key, sub = mx.random.split(key)
+            yield from _stream_recompute(model, ids, speaker, sampling, cfg, max_frames, None, inner,
+                                         chunk=(state, window), key=sub)
+        else:
+            loop = FrameLoop(model, ids, speaker, sampling, cfg, max_frames, chunk=(state, window), sampler=sampler)
+            yield from loop.pieces(inner)
         if record is not None:
             record["chunks"].append(inner)
 
