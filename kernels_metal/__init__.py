@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from . import reference
 from .reference import Experts, RopeTable, rope_table, make_sample_state
+from .reference import MagpieLTWeights
 
 __all__ = [
     "backend",
@@ -40,6 +41,9 @@ __all__ = [
     "MOE_MAX_EXPERTS",
     "MOE_MAX_TOP_K",
     "GEMV_MAX_ROWS",
+    "MagpieLTWeights",
+    "magpie_lt_draws",
+    "make_magpie_lt_scratch",
 ]
 
 # the MoE kernels' limits: a router row's probabilities sit in one group's shared memory, the chosen
@@ -225,6 +229,24 @@ def gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log, dt_bias, 
     gates and the delta rule, where the unfused step is a dozen dispatches."""
     return _impl_for("gated_delta_conv_step").gated_delta_conv_step(mixed, conv_state, conv_weight, a, b, A_log,
                                                                     dt_bias, state)
+
+
+def magpie_lt_draws(h, weights, bad, cfg_scale, temperature, top_k, state, scratch=None):
+    """Magpie's local-transformer draw chain of one decoder step (docs/kernels.md): h (R, d) the decoder
+    states (R = 1, or 2 for CFG: row 0 conditional, row 1 unconditional), weights a `MagpieLTWeights`, bad
+    (V,) float32 additive mask (0 or -inf), cfg_scale (used when R = 2), temperature (<= 0: argmax), top_k
+    (<= 0: all), state the sampler's [seed, counter] (make_sample_state) -> (codes (n,) int32, next_state
+    [seed, counter + n]). Draw j samples as `sample` does at counter + j. On a GPU one fused kernel (one
+    launch on CUDA, one launch per step on Metal) working in `scratch` (make_magpie_lt_scratch; made per
+    call without it): calls that share one must be chained through the state. On the CPU the reference."""
+    return _impl().magpie_lt_draws(h, weights, bad, float(cfg_scale), float(temperature), int(top_k), state,
+                                   scratch)
+
+
+def make_magpie_lt_scratch(weights):
+    """The GPU kernel's working memory for `weights` (a MagpieLTWeights), zeroed; None on the CPU."""
+    impl = _impl()
+    return None if impl.__name__.endswith(".cpu") else impl.make_magpie_lt_scratch(weights)
 
 
 # Magpie TTS's decoder step (docs/kernels.md, "Magpie decoder kernel")

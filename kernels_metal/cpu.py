@@ -153,6 +153,10 @@ def gated_delta(q, k, v, g, beta, state=None):
     return ref.gated_delta_chunked(q, k, v, g, beta, state)
 
 
+def magpie_lt_draws(h, weights, bad, cfg_scale, temperature, top_k, state, scratch=None):
+    return ref.magpie_lt_draws(h, weights, bad, cfg_scale, temperature, top_k, state)
+
+
 def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers=None, est_layers=None,
                         scratch=None):
     # the reference is plain MLX ops already (a few dozen per layer); the CPU has no faster form

@@ -902,3 +902,120 @@ def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, 
         _say(f"magpie_decoder unavailable on {_backend()} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
              "using the reference")
         return fb()
+
+
+# ---------------------------------------------------------------------------------------------
+# Magpie's local-transformer draw chain (bodies/magpie_lt.body, docs/kernels.md)
+
+MAGPIE_LT_THREADS = 256
+# CUDA: the whole chain is one launch whose groups meet at grid barriers, so they must be co-resident
+# (the tail prelude bounds the kernel to 2 groups of 256 a multiprocessor)
+MAGPIE_LT_GROUPS_PER_SM = 2
+MAGPIE_LT_GROUPS: Optional[int] = None  # benchmarks set it to sweep the grid; None: from the multiprocessors
+MAGPIE_LT_METAL_GROUPS = 64  # one launch per step there: no co-residency needed
+MAGPIE_LT_STRICT = False  # raise a build / run failure instead of falling back to the reference (checks)
+MAGPIE_LT_SYNC_WORDS = 256
+
+
+def magpie_lt_scratch_floats(D: int, F: int, V: int, NL: int, n: int) -> int:
+    """Float32 words of the kernel's scratch: X, Q, A (2 D each), Fb (2 F), the logits (V, padded to 4),
+    the K and V caches (NL, 2, n, D) each."""
+    return 6 * D + 2 * F + -(-V // 4) * 4 + 2 * NL * 2 * n * D
+
+
+def make_magpie_lt_scratch(w):
+    """(scratch float32, sync words uint32) for `w` (reference.MagpieLTWeights), zeroed and evaluated."""
+    n, V, D = w.out_w.shape
+    sc = mx.zeros((magpie_lt_scratch_floats(D, w.ff1.shape[1], V, w.qkv.shape[0], n),), mx.float32)
+    sw = mx.zeros((MAGPIE_LT_SYNC_WORDS,), mx.uint32)
+    mx.eval(sc, sw)
+    return sc, sw
+
+
+def magpie_lt_groups() -> int:
+    """Groups of 256 threads of the draw-chain launch on this backend."""
+    if MAGPIE_LT_GROUPS:
+        return int(MAGPIE_LT_GROUPS)
+    if _backend() != "cuda":
+        return MAGPIE_LT_METAL_GROUPS
+    return (multiprocessors() or 16) * MAGPIE_LT_GROUPS_PER_SM
+
+
+def _magpie_lt_kernel(name: str):
+    be = _backend()
+    key = (name, be)
+    k = _KERNELS.get(key)
+    if k is None:
+        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
+        make = mx.fast.metal_kernel if be == "metal" else mx.fast.cuda_kernel
+        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                 source=S.body(spec, be), header=S.header(spec, be))
+        _KERNELS[key] = k
+    return k
+
+
+@functools.lru_cache(maxsize=8)
+def _dummy(dtype):
+    # the in-projection's place where the LT has none (never read: the kernel's HASIN is 0)
+    return mx.zeros((8,), dtype)
+
+
+def _magpie_lt_fits(w, d: int) -> bool:
+    T = w.qkv.dtype
+    NL, _, D = w.qkv.shape
+    vals = 16 // T.size  # values a 16-byte chunk; a lane group reads 32 chunks a round
+    rows_ok = all(K % (32 * vals) == 0 for K in (D, d, w.ff1.shape[1]))
+    same = all(a.dtype == T for a in (w.pos, w.ln, w.wo, w.ff1, w.ff2, w.out_w, w.out_b, w.emb)
+               + ((w.in_w, w.in_b) if w.in_w is not None else ()))
+    return (T in _GPU_DTYPES and same and rows_ok and D % int(w.heads) == 0 and D // int(w.heads) <= 256
+            and (w.in_w is not None or d == D) and w.out_w.shape[1] <= 8192)
+
+
+def magpie_lt_draws(h, w, bad, cfg_scale, temperature, top_k, state, scratch=None):
+    def fb():
+        return ref.magpie_lt_draws(h, w, bad, cfg_scale, temperature, top_k, state)
+
+    R, d = h.shape
+    if R not in (1, 2) or not _magpie_lt_fits(w, d):
+        if MAGPIE_LT_STRICT:
+            raise ValueError("magpie_lt_draws: these weights do not fit the kernel")
+        return fb()
+    T = w.qkv.dtype
+    n, V, D = w.out_w.shape
+    NL, F = w.qkv.shape[0], w.ff1.shape[1]
+    has_in = w.in_w is not None
+    if scratch is None:
+        scratch = make_magpie_lt_scratch(w)
+    be = _backend()
+    name = "magpie_lt_megakernel" if be == "cuda" else "magpie_lt"
+    tkey = (name, T, D, d, F, V, int(w.heads), NL, n)
+    st = _STATUS.get(tkey)
+    if st is False:
+        return fb()
+    ng = magpie_lt_groups()
+    steps = (int(has_in) + 5 * NL + 1) * n + 1
+    spans = [(0, steps)] if be == "cuda" else [(s, s + 1) for s in range(steps)]
+    tmpl = [("T", T), ("DT", D), ("DIN", d), ("FT", F), ("VT", V), ("HT", int(w.heads)), ("NLT", NL), ("NN", n)]
+    fixed = [h.astype(mx.float32), w.in_w if has_in else _dummy(T), w.in_b if has_in else _dummy(T), w.pos, w.ln,
+             w.qkv, w.wo, w.ff1, w.ff2, w.out_w, w.out_b, w.emb, bad.astype(mx.float32),
+             _f32(float(cfg_scale), float(temperature))]
+    cur = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
+    try:
+        k = _magpie_lt_kernel(name)
+        codes = None
+        for s0, s1 in spans:
+            # each launch takes the previous one's state: the data edge that orders them on the scratch
+            codes, cur = k(inputs=fixed + [_i32(R, int(has_in), s0, s1, int(top_k), ng), cur, scratch[0],
+                                           scratch[1]],
+                             template=tmpl, grid=(ng * MAGPIE_LT_THREADS, 1, 1), threadgroup=(MAGPIE_LT_THREADS, 1, 1),
+                             output_shapes=[(n,), (2,)], output_dtypes=[mx.int32, mx.uint32])
+        if st is None:
+            mx.eval(codes, cur)
+            _STATUS[tkey] = True
+        return codes, cur
+    except Exception as e:  # noqa: BLE001 - a build or run failure: the reference from now on
+        if MAGPIE_LT_STRICT:
+            raise
+        _STATUS[tkey] = False
+        _say(f"{name} {tkey} unavailable on {be} ({type(e).__name__}: {str(e)[:2000]}); using the reference")
+        return fb()

@@ -640,6 +640,82 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, chunk: int = GATED_DELTA_C
     return out.transpose(0, 2, 1, 3).astype(out_dtype), S
 
 
+# ---------------------------------------------------------------------------------------------
+# Magpie's local transformer: the draw chain of one decoder step (bodies/magpie_lt.body)
+
+
+class MagpieLTWeights(NamedTuple):
+    """A Magpie local transformer's weights, stacked for `magpie_lt_draws` (one dtype: bf16, f16 or f32).
+
+    pos (P, D) learned positions (P >= n); ln (NL, 2, D) the two bias-free LayerNorms of each layer
+    (self-attention's, feed-forward's); qkv (NL, 3 D, D) fused Q | K | V, each H heads x D / H; wo (NL, D, D);
+    ff1 (NL, F, D); ff2 (NL, D, F); out_w (n, V, D), out_b (n, V) the n output heads; emb (n, V, d) the
+    decoder's audio tables (code j's next input row is emb[j][code]); in_w (D, d), in_b (D,) the LT's
+    in-projection, None where it is the identity (d == D); heads H."""
+
+    pos: mx.array
+    ln: mx.array
+    qkv: mx.array
+    wo: mx.array
+    ff1: mx.array
+    ff2: mx.array
+    out_w: mx.array
+    out_b: mx.array
+    emb: mx.array
+    heads: int
+    in_w: Optional[mx.array] = None
+    in_b: Optional[mx.array] = None
+
+
+def _gelu_tanh(x):
+    # torch's GELU(approximate="tanh") = mlx.nn.gelu_approx's formula
+    return 0.5 * x * (1.0 + mx.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def magpie_lt_draws(h, w: MagpieLTWeights, bad, cfg_scale: float, temperature: float, top_k: int, state):
+    """The n = out_w.shape[0] draws of one decoder step, in float32: h (R, d) the decoder states (R = 2:
+    row 0 conditional, row 1 unconditional, logits scale * l0 + (1 - scale) * l1), bad (V,) additive mask.
+    Draw j runs the LT (LayerNorm eps 1e-5, causal attention over the rows so far, GELU-tanh FFN, no final
+    norm) on row j (in_proj(h) at j = 0, in_proj(emb[j-1][code]) after), plus pos[j], then samples with
+    `sample` (top-k, temperature; argmax at temperature <= 0) at state [seed, counter + j].
+    Returns (codes (n,) int32, next_state [seed, counter + n])."""
+    f32 = mx.float32
+
+    def f(a):
+        return a.astype(f32)
+
+    R = h.shape[0]
+    n = w.out_w.shape[0]
+    NL, _, D = w.qkv.shape
+    H = int(w.heads)
+    dh = D // H
+    temp = max(0.0, float(temperature))
+    keys = [[] for _ in range(NL)]
+    values = [[] for _ in range(NL)]
+    src = f(h)  # (R, d)
+    codes = []
+    for j in range(n):
+        x = src @ f(w.in_w).T + f(w.in_b) if w.in_w is not None else src
+        x = x + f(w.pos[j])  # (R, D)
+        for li in range(NL):
+            y = mx.fast.layer_norm(x, f(w.ln[li, 0]), None, 1e-5)
+            q, k, v = (t.reshape(R, H, dh) for t in mx.split(y @ f(w.qkv[li]).T, 3, axis=-1))
+            keys[li].append(k)
+            values[li].append(v)
+            K, Vv = mx.stack(keys[li], axis=1), mx.stack(values[li], axis=1)  # (R, j + 1, H, dh)
+            s = mx.einsum("rhd,rthd->rht", q, K) * (dh ** -0.5)
+            a = mx.einsum("rht,rthd->rhd", mx.softmax(s, axis=-1), Vv).reshape(R, D)
+            x = x + a @ f(w.wo[li]).T
+            y = mx.fast.layer_norm(x, f(w.ln[li, 1]), None, 1e-5)
+            x = x + _gelu_tanh(y @ f(w.ff1[li]).T) @ f(w.ff2[li]).T
+        lg = x @ f(w.out_w[j]).T + f(w.out_b[j])  # (R, V)
+        lg = cfg_scale * lg[0] + (1.0 - cfg_scale) * lg[1] if R > 1 else lg[0]
+        tok, _, state = sample((lg + f(bad))[None], temp, int(top_k), 1.0, 0.0, state)
+        codes.append(tok)
+        src = mx.broadcast_to(f(w.emb[j][tok]), (R, w.emb.shape[-1]))
+    return mx.concatenate(codes).astype(mx.int32), state
+
+
 # ----------------------------------------------------------------------------------------------
 # Magpie TTS decoder step (docs/kernels.md, "Magpie decoder kernel")
 

@@ -75,6 +75,14 @@ QUANT_WEIGHTS = ("embed", "wqkv", "wo", "wgu", "wd")
 QUANT_MOE_WEIGHTS = QUANT_WEIGHTS + ("wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
 
 
+# Magpie's local transformer (bodies/magpie_lt.body): weights T, the rest float32 / int32 / uint32
+MAGPIE_LT_INPUTS = ("h", "in_w", "in_b", "pos", "ln", "qkv", "wo", "ff1", "ff2", "out_w", "out_b", "emb", "bad",
+                    "fparams", "params", "state", "scratch", "sw_in")
+MAGPIE_LT_TEMPLATES = ("T", "DT", "DIN", "FT", "VT", "HT", "NLT", "NN")
+MAGPIE_LT_DTYPES = [f32] + [bf16] * 11 + [f32, f32, i32, u32, f32, u32]
+MAGPIE_LT_357M = [bf16, 768, 768, 3072, 2024, 12, 2, 16]  # Magpie 357M: 8 codebooks x 2 stacked frames
+
+
 def _quant_inputs(names):
     return tuple(f"{n}_{p}" for n in names for p in ("s", "b"))
 
@@ -225,6 +233,9 @@ SPECS = {
         _spec("decode_layer_hybrid", "decode_layer", DECODE_HYBRID_INPUTS, ["out", "sync"], DECODE_HYBRID_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1)], ("qdot.h", "decode.h"),
               dtypes=DECODE_HYBRID_DTYPES, out=[bf16, u32], tmpl=QWEN35_MOE_TMPL),
+        # Magpie's local-transformer draw chain (docs/kernels.md): one launch per step where no grid barrier exists
+        _spec("magpie_lt", "magpie_lt", MAGPIE_LT_INPUTS, ["codes", "next_state"], MAGPIE_LT_TEMPLATES,
+              [("MG_GRID", 0)], ("magpie_lt.h",), dtypes=MAGPIE_LT_DTYPES, out=[i32, u32], tmpl=MAGPIE_LT_357M),
     ]
 }
 
@@ -260,6 +271,9 @@ CUDA_ONLY_SPECS = {
               ("qdot.h", "decode.h"),
               dtypes=_quant_dtypes(DECODE_HYBRID_INPUTS, DECODE_HYBRID_DTYPES, QUANT_HYBRID_WEIGHTS),
               out=[bf16, u32], tmpl=QWEN3_NEXT_TMPL + [4, 64, 8, 64]),
+        # Magpie's local-transformer draw chain in one launch, grid barriers between its steps
+        _spec("magpie_lt_megakernel", "magpie_lt", MAGPIE_LT_INPUTS, ["codes", "next_state"], MAGPIE_LT_TEMPLATES,
+              [("MG_GRID", 1)], ("magpie_lt.h",), dtypes=MAGPIE_LT_DTYPES, out=[i32, u32], tmpl=MAGPIE_LT_357M),
     ]
 }
 
@@ -269,7 +283,7 @@ KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "dec
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",
            "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "gated_delta_step", "gated_delta_conv_step", "gated_delta_scan", "decode_layer",
-           "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid")
+           "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid", "magpie_lt")
 
 
 # Magpie TTS's decoder step (bodies/magpie_decoder.body, docs/kernels.md "Magpie decoder kernel"): the
