@@ -35,6 +35,7 @@ from ..errors import MetalgenError
 from ..sampling import make_sampler
 from .chunking import ChunkRules, ChunkState, ChunkWindow
 from .decoder_kernel import StackedMemory, decoder_kernel, kernel_step, stack_caches
+from .lt_kernel import PackedLT, draw_codes, lt_kernel
 from .generate import (
     _EOS_METHODS,
     IGNORED_TAIL,
@@ -113,10 +114,12 @@ class StepGraph:
     keys/values, memory_mask (rows, L). Returns (codes (S, C) int32, eos_at (),
     h_next, scores_next, last, counter, attended, prior_row, keys, values)."""
 
-    def __init__(self, model, sampling: MagpieSampling, cfg: bool, rows: int, use_prior: bool, sampler):
+    def __init__(self, model, sampling: MagpieSampling, cfg: bool, rows: int, use_prior: bool, sampler,
+                 lt: Optional[PackedLT] = None):
         a = model.args
         self.model, self.s, self.cfg, self.rows, self.use_prior = model, sampling, cfg, rows, use_prior
         self.sampler = sampler
+        self.lt = lt  # the fused LT kernel's pack (lt_kernel.lt_kernel), or None: the eager draws
         self.C, self.S, self.V = a.num_codebooks, a.frame_stacking_factor, a.num_tokens_per_codebook
         self.eos_id = a.audio_eos_id
         self.stream_kind, self.eos_kind = _EOS_METHODS[sampling.eos_detection]
@@ -136,7 +139,13 @@ class StepGraph:
 
     def draw(self, h: mx.array, bad: mx.array) -> mx.array:
         """The local transformer's C * S draws from decoder states h (rows, d) -> (S, C) int32,
-        each from `metalgen.sampling`'s fused sampler (top-k, temperature, draw; argmax at 0)."""
+        each from `metalgen.sampling`'s fused sampler (top-k, temperature, draw; argmax at 0).
+
+        With the fused LT kernel (a GPU backend) one launch makes all of them from the sampler's state,
+        the same draws at the same counters; otherwise the model's LT ops, one sampler call a code."""
+        if self.lt is not None:
+            codes, self.sampler.state = draw_codes(self.lt, h, bad, self.s, self.sampler.state, cfg=self.cfg)
+            return codes.reshape(self.S, self.C)
         m = self.model
         cache = m.make_local_cache()  # NeMo resets the LT cache every decoder step
         x = m.local_start(h)  # (rows, 1, hid)
@@ -257,7 +266,8 @@ class FrameLoop:
         # Additive masks: forbidden specials always, EOS too while it is banned.
         self.bad = [mx.where(_forbidden_mask(self.V, a.codebook_size, a.audio_eos_id, f), -mx.inf, 0.0)
                     for f in (False, True)]
-        self.graphs = {p: StepGraph(model, s, cfg, self.rows, p, sampler) for p in (False, True)}
+        lt = lt_kernel(model)
+        self.graphs = {p: StepGraph(model, s, cfg, self.rows, p, sampler, lt) for p in (False, True)}
         self.first_prior = None  # the prefill's prior: none but for a later chunk of a long text
         if chunk is not None:
             self.graphs = {p: ChunkStepGraph(g, *chunk) for p, g in self.graphs.items()}
