@@ -116,7 +116,7 @@ def test_prior_changes_the_estimate(model):
     assert float(mx.abs(outs[2][0] - outs[1][0]).max()) > 1e-4  # all layers differ from layers 1, 2
 
 
-def test_pack_and_public_function_on_cpu(model):
+def test_pack_and_public_function(model):
     memory_kv, mask, cache, rng = _setup(model, 2, seed=5)
     w = pack_decoder(model)
     assert w is pack_decoder(model)  # packed once
@@ -131,9 +131,14 @@ def test_pack_and_public_function_on_cpu(model):
     k2, v2 = mx.array(kc), mx.array(vc)
     h1, s1 = kernel_step(x, prior[:, None], mx.array(5, dtype=mx.int32), kc, vc, mem, {2, 1}, EST)
     h2, s2 = ref.magpie_decoder_step(x, 5, k2, v2, mem.keys, mem.values, mask, prior, w, PRIOR_LAYERS, EST)
-    if K.backend() == "cpu":
+    assert float(mx.abs(kc[:, :, :, 5]).max()) > 0  # the step's keys were written in place
+    if K.backend() == "cpu":  # the reference itself: bit for bit
         assert np.array_equal(np.array(h1), np.array(h2)) and np.array_equal(np.array(s1), np.array(s2))
-    assert float(mx.abs(kc[:, :, :, 5]).max()) > 0 and np.array_equal(np.array(kc), np.array(k2))
+        assert np.array_equal(np.array(kc), np.array(k2))
+    else:  # the kernel sums in another order than MLX's matmuls (float32 both)
+        np.testing.assert_allclose(np.array(h1), np.array(h2), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.array(s1), np.array(s2), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.array(kc), np.array(k2), rtol=1e-4, atol=1e-5)
 
 
 def test_bfloat16_reference_rounds_like_float32_within_bf16(model):
