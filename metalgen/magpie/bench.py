@@ -7,13 +7,14 @@ Two kinds of run, on a fixed English sentence, speaker 0, seed fixed, CFG on by 
   `metalgen.magpie.generate.stream_codes` and the chunked NanoCodec decoder), every chunk read back
   to the host. **frame_ms** = wall / codec frames, **RTF** = audio seconds / wall seconds (higher is
   faster), **TTFA** = the call to the first audio chunk on the host (text encoding included).
-- split, the same work through the model's own methods with a barrier after each part:
+- split, the same work through the frame loop's own pieces (`metalgen.magpie.frames`: on a GPU
+  backend the fused decoder-step and LT kernels) with a barrier after each part:
   **text encoder** (`encode_text` + the decoder's cross-attention keys and values, once per
   utterance), **prefill** (the decoder on the speaker context and the BOS block, once per
-  utterance), **decoder step** (`decoder_hidden` on one new position with the self-attention
-  cache, both CFG rows, the attention prior on its layers), **local transformer** (the C * S
-  cached `local_step`s of a decoder step, CFG-combined, masked and drawn on the device, each code
-  embedded for the next), **codec** (the chunked decoder's calls and read-backs). The per-frame
+  utterance), **decoder step** (one new position on the self-attention cache, both CFG rows, the
+  attention prior on its layers), **local transformer** (the C * S draws of a decoder step,
+  CFG-combined, masked and drawn on the device, each code embedded for the next), **codec** (the
+  chunked decoder's calls and read-backs). The per-frame
   figures divide a step's by the frame stacking factor; their sum is the synchronized cost of a
   frame, which the streamed loop undercuts by overlapping host and device work.
 
@@ -78,84 +79,50 @@ def streamed_run(tts, text: str, frames: int, cfg: bool, seed: int, chunk_frames
 
 
 class SplitParts:
-    """The generation's parts as separate, synchronized calls of the model's methods."""
+    """The generation's parts as separate, synchronized calls of the frame loop's own pieces
+    (`metalgen.magpie.frames`), so each part runs on the path users get: on a GPU backend the fused
+    decoder-step and LT kernels, elsewhere the model's MLX ops."""
 
     def __init__(self, tts, ids: List[int], cfg: bool, seed: int, frames: int, speaker: int = 0):
-        from ..sampling import make_sampler
-        from .generate import _forbidden_mask
-
         self.tts = tts
-        self.model = m = tts.model
-        self.a = a = m.args
-        self.s = s = tts.sampling_for(max_frames=frames, min_frames=frames)
-        self.cfg = cfg
-        self.ids = mx.array(np.asarray(ids, np.int64)[None])
-        self.L = len(ids)
-        self.rows = 2 if cfg else 1
-        self.speaker = speaker
-        self.sampler = make_sampler(max(0.0, float(s.temperature)), int(s.top_k), seed=seed)
-        # EOS banned throughout, as in the streamed run (min_frames = frames).
-        self.bad = mx.where(_forbidden_mask(a.num_tokens_per_codebook, a.codebook_size, a.audio_eos_id, True),
-                            -mx.inf, 0.0)
-        n = a.decoder.n_layers
-        apply = range(n) if s.apply_prior_to_layers is None else s.apply_prior_to_layers
-        # A fixed prior on the layers the checkpoint applies it to: the same work as a real step's.
-        prior = mx.full((self.rows, 1, self.L), s.prior_epsilon, dtype=mx.float32)
-        self.prior = [prior if i in apply else None for i in range(n)] if s.apply_prior else None
+        self.model = tts.model
+        self.a = tts.model.args
+        self.s = tts.sampling_for(max_frames=frames, min_frames=frames)
+        self.ids, self.cfg, self.seed, self.frames, self.speaker = ids, cfg, seed, frames, speaker
 
     def text(self):
-        """encode_text + the decoder's per-layer cross-attention keys and values (CFG rows)."""
-        memory = self.model.encode_text(self.ids)
-        if self.cfg:
-            memory = mx.concatenate([memory, mx.zeros_like(memory)], axis=0)
-            self.memory_mask = mx.array(np.stack([np.ones(self.L, bool), np.arange(self.L) == 0]))
-        else:
-            self.memory_mask = None
-        self.memory_kv = self.model.decoder_memory(memory)
-        return self.memory_kv
+        """The loop's set-up: encode_text + the decoder's per-layer cross-attention keys and values
+        (CFG rows), once per utterance."""
+        from .frames import FrameLoop
+
+        self.loop = loop = FrameLoop(self.model, self.ids, self.speaker, self.s, cfg=self.cfg,
+                                     max_frames=self.frames, seed=self.seed)
+        self.graph = loop.graphs[bool(self.s.apply_prior)]
+        # EOS banned throughout, as in the streamed run (min_frames = frames).
+        self.bad = loop.bad[True]
+        # A fixed prior (the layers it applies to are the graph's): the same work as a real step's.
+        self.prior = (mx.full((loop.rows, 1, loop.L), self.s.prior_epsilon, dtype=mx.float32)
+                      if self.s.apply_prior else None)
+        return loop.memory_kv
 
     def prefill(self):
-        """[speaker context ; BOS block] into a fresh decoder cache (once per utterance)."""
-        m, a = self.model, self.a
-        ctx = m.speaker_context(self.speaker)
-        if self.cfg:
-            ctx = mx.concatenate([ctx, mx.zeros_like(ctx)], axis=0)
-        bos = mx.full((1, a.num_codebooks, a.frame_stacking_factor), a.audio_bos_id, dtype=mx.int32)
-        self.cache = m.decoder.make_cache()
-        self.h = self._decode(mx.concatenate([ctx, self._rows(m.embed_codes(bos))], axis=1), prior=False)
-        return self.h
-
-    def _rows(self, x: mx.array) -> mx.array:
-        return mx.broadcast_to(x, (self.rows,) + x.shape[1:])
-
-    def _decode(self, x: mx.array, prior: bool = True) -> mx.array:
-        out = self.model.decoder_hidden(x, self.memory_kv, memory_mask=self.memory_mask,
-                                        attn_prior=self.prior if prior else None,
-                                        return_attention=self.s.apply_prior, cache=self.cache)
-        h = out[0] if self.s.apply_prior else out
-        return h[:, -1]
-
-    def _combine(self, logits: mx.array) -> mx.array:
-        g = self.s.cfg_scale
-        return g * logits[0] + (1.0 - g) * logits[1] if self.cfg else logits[0]
+        """[speaker context ; BOS block] through the decoder (once per utterance), and on the kernel
+        path the caches and the text's keys and values stacked for it."""
+        self.h, _, self.keys, self.values, self.offset = self.loop.prefill()
+        return self.h, self.keys, self.values
 
     def local(self) -> mx.array:
         """The local transformer's C * S draws from the decoder state -> codes (S, C) int32."""
-        m, a = self.model, self.a
-        cache = m.make_local_cache()
-        x = m.local_start(self.h)
-        codes = []
-        for j in range(a.num_codebooks * a.frame_stacking_factor):
-            code, _ = self.sampler((self._combine(m.local_step(x, j, cache=cache)) + self.bad)[None])
-            codes.append(code)
-            x = m.local_embed(mx.broadcast_to(code, (self.rows,)), j)
-        self.codes = mx.concatenate(codes).reshape(a.frame_stacking_factor, a.num_codebooks)
+        self.codes = self.graph.draw(self.h, self.bad)
         return self.codes
 
     def decoder(self) -> mx.array:
         """One decoder step on the codes just drawn -> the next state."""
-        audio = self.model.embed_codes(self.codes.T[None])
-        self.h = self._decode(self._rows(audio))
+        audio = self.model.embed_codes(self.codes.T[None])  # (1, 1, d)
+        x = mx.broadcast_to(audio, (self.loop.rows,) + audio.shape[1:])
+        self.h, _, self.keys, self.values = self.graph.decode(x, self.prior, self.offset, self.keys, self.values,
+                                                              self.loop.memory_kv, self.loop.memory_mask)
+        self.offset = self.offset + 1
         return self.h
 
 
