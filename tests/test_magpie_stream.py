@@ -93,3 +93,25 @@ def test_speaker_context_passes_through(tiny):
     np.testing.assert_array_equal(wav, baked)
     with pytest.raises(MetalgenError, match=r"speaker context must be \(1, frames, 32\)"):
         tiny.stream("Hello.", "en", mx.zeros((1, 4, 8)))
+
+
+def test_compiled_chunk_decode_equals_the_eager_one(tiny, codes):
+    # GPU backends stream the schedule's chunks through the decode traced by mx.compile (one trace per
+    # codec, reused); forced on here: the same samples, and the flushed tail decodes eagerly
+    from metalgen.magpie.streaming import CodecFrames, compiled_decode, schedule_lengths
+
+    assert schedule_lengths(4, 64, 25) == {4, 8 + 4, 16 + 12, 32 + 25, 64 + 25}  # chunk + its context
+    assert schedule_lengths(None, 3, 2) == {3, 5} and schedule_lengths(2, 8, 0) == {2, 4, 8}
+    assert compiled_decode(tiny.codec) is compiled_decode(tiny.codec)
+    eager = list(_streamed(tiny.codec, [codes], 8, 2))
+    from metalgen.magpie.streaming import CodecStream
+
+    stream = CodecStream(tiny.codec, 8, 2, compiled=True)
+    frames = stream.decoder.decoder
+    assert isinstance(frames, CodecFrames) and frames.compiled is not None
+    assert frames.lengths == schedule_lengths(2, 8, stream.left_context)
+    out = list(stream.push(codes)) + list(stream.flush())
+    assert len(out) == len(eager)
+    for a, b in zip(out, eager):
+        # bit for bit on the CPU; a GPU's fused elementwise kernels may round a last bit otherwise
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

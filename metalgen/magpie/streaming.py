@@ -16,7 +16,8 @@ The chunk schedule and the bookkeeping are Qwen3-TTS's `StreamingDecoder`
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator, Optional
+import weakref
+from typing import Callable, Dict, Iterable, Iterator, Optional, Set
 
 import mlx.core as mx
 import numpy as np
@@ -25,9 +26,12 @@ from ..errors import MetalgenError
 
 # Streamed chunks in codec frames (46.4 ms each at 22050 Hz): a first chunk of 4 frames (186 ms,
 # two decoder steps of the current checkpoint) keeps the wait for the first audio short; later
-# chunks double up to 24 frames (1.1 s), so that the decoder's left context is a small share.
+# chunks double up to 64 frames (3.0 s). A decode costs about the same at any of these lengths on a
+# GPU (it is bound by its count of operations, and each chunk also recomputes the 25-frame left
+# context), so fewer, longer chunks are faster; generation runs ~20x ahead of real time, so a
+# player is never starved waiting for a longer chunk.
 FIRST_CHUNK_FRAMES = 4
-CHUNK_FRAMES = 24
+CHUNK_FRAMES = 64
 
 
 def receptive_frames(args) -> int:
@@ -45,16 +49,54 @@ def receptive_frames(args) -> int:
     return reach + args.in_kernel_size - 1  # pre_conv
 
 
+_COMPILED: Dict[int, Callable] = {}  # id(codec) -> its decode traced by mx.compile
+
+
+def compiled_decode(codec) -> Callable:
+    """`codec.decode` traced by mx.compile (its weights as inputs), one per codec for the process, so
+    the traces of earlier utterances are reused (kept until the codec is collected)."""
+    key = id(codec)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        fn = mx.compile(codec.decode, inputs=codec.state)
+        _COMPILED[key] = fn
+        weakref.finalize(codec, _COMPILED.pop, key, None)
+    return fn
+
+
+def schedule_lengths(first_chunk_frames: Optional[int], chunk_frames: int, left_context: int) -> Set[int]:
+    """The frame counts (context included) that the pushed chunks of a stream decode: the doubling
+    chunks, then the steady `chunk_frames` + context. The last, flushed chunk may be any length."""
+    lengths: Set[int] = set()
+    start, n = 0, min(first_chunk_frames, chunk_frames) if first_chunk_frames else chunk_frames
+    while True:
+        lengths.add(n + min(left_context, start))
+        if n == chunk_frames and start >= left_context:
+            return lengths
+        start, n = start + n, min(chunk_frames, 2 * n)
+
+
 class CodecFrames:
     """NanoCodec seen as StreamingDecoder's decoder: codes (B, T, C) frames-first ->
-    waveform (B, T * samples_per_frame)."""
+    waveform (B, T * samples_per_frame).
 
-    def __init__(self, codec):
+    Chunks of the `compiled_lengths` decode through `compiled_decode` (the same samples: on the CPU
+    bit for bit). A chunk's decode is about 1500 MLX operations; traced once, it is not rebuilt op
+    by op for every chunk and its elementwise chains fuse (benchmarks/magpie_codec_probe.py). Only
+    the schedule's own lengths are traced: a trace costs more than a decode, and the flushed last
+    chunk's length changes from utterance to utterance."""
+
+    def __init__(self, codec, compiled_lengths: Iterable[int] = ()):
         self.codec = codec
         self.total_upsample = int(codec.args.samples_per_frame)
+        self.lengths = set(compiled_lengths)
+        self.compiled = compiled_decode(codec) if self.lengths else None
 
     def __call__(self, frames: mx.array) -> mx.array:
-        return self.codec.decode(frames.transpose(0, 2, 1))
+        codes = frames.transpose(0, 2, 1)
+        if self.compiled is not None and frames.shape[1] in self.lengths:
+            return self.compiled(codes)
+        return self.codec.decode(codes)
 
 
 class CodecStream:
@@ -64,10 +106,14 @@ class CodecStream:
     every chunk that became complete; `flush` returns the rest. The concatenated output equals
     `codec.decode` of all the codes (to float rounding). `first_chunk_frames` None: every chunk
     is `chunk_frames` long. `left_context` None: the decoder's receptive field, the least that
-    keeps chunked equal to whole."""
+    keeps chunked equal to whole. `compiled` (None: on GPU backends): the schedule's chunks decode
+    through the traced decode (CodecFrames)."""
 
     def __init__(self, codec, chunk_frames: int = CHUNK_FRAMES,
-                 first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None):
+                 first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None,
+                 compiled: Optional[bool] = None):
+        import kernels_metal as K
+
         from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
         if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
@@ -77,7 +123,10 @@ class CodecStream:
         if left_context < 0:
             raise MetalgenError("left_context must be >= 0")
         self.left_context = left_context
-        self.decoder = StreamingDecoder(CodecFrames(codec), chunk_frames, left_context, first_chunk_frames)
+        if compiled is None:
+            compiled = K.backend() != "cpu"  # where a decode is bound by its count of launches
+        lengths = schedule_lengths(first_chunk_frames, chunk_frames, left_context) if compiled else ()
+        self.decoder = StreamingDecoder(CodecFrames(codec, lengths), chunk_frames, left_context, first_chunk_frames)
 
     @staticmethod
     def _host(piece: mx.array) -> np.ndarray:
