@@ -144,7 +144,7 @@ def test_a_closed_stream_frees_the_worker(served):
     (_body(model="other"), 404, "model", "does not exist"),
     (_body(input=""), 400, "input", "empty"),
     (_body(input=5), 400, "input", "must be a string"),
-    (_body(input="hello " * 100), 400, "input", "600 text tokens, past this model's limit of 512"),
+    (_body(input="hello " * 100), 400, "input", "a sentence of 600 text tokens with its context, past this model's limit of 512"),
     (_body(input="Hello \u2603"), 400, "input", "cannot map 1 character: '\u2603' (U+2603)"),
     (_body(voice="alloy"), 400, "voice", "unknown voice 'alloy' (known: Aria, Jason, John, Leo, Sofia; or a speaker "
                                          "index 0..4)"),

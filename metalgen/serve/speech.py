@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import MetalgenError
+from ..magpie.chunking import ChunkRules
 from .engine import JobEvents
 from .http import cancel_on_disconnect, error_response
 from .protocol import RequestError, _number
@@ -442,14 +443,18 @@ class MagpieSpeech:
             raise RequestError(self.language_errors[language], param="language")
         speaker = self.refs[voice] if isinstance(voice, str) else voice
         try:
-            # the voice, language and sampling are known good here: what is left to fail is the text
-            ids, _, _ = tts.prepare(req.input, language, speaker, **req.sampling)
+            # the voice, language and sampling are known good here: what is left to fail is the text, cut
+            # into the chunks that are spoken one after another (one below the language's threshold)
+            chunks, _, _ = tts.prepare_chunks(req.input, language, speaker, **req.sampling)
         except MetalgenError as e:
             raise RequestError(str(e), param="input")
-        if self.input_limit is not None and len(ids) > self.input_limit:
-            raise RequestError(f"'input' has {len(ids)} text tokens, past this model's limit of {self.input_limit} "
-                               "(its text encoder's positions)", param="input")
-        req.voice, req.language, req.input_tokens = voice, language, len(ids)
+        # the encoder sees one chunk at a time, after the first with up to ChunkState's history tokens
+        history = ChunkRules.history_tokens if len(chunks) > 1 else 0
+        longest = max(len(c) for c in chunks) + history
+        if self.input_limit is not None and longest > self.input_limit:
+            raise RequestError(f"'input' has a sentence of {longest} text tokens with its context, past this model's "
+                               f"limit of {self.input_limit} (its text encoder's positions)", param="input")
+        req.voice, req.language, req.input_tokens = voice, language, sum(len(c) for c in chunks)
 
     def stream(self, req: SpeechRequest) -> Iterator[np.ndarray]:
         """The checked request's audio, chunk by chunk (`MagpieTTS.stream`)."""
