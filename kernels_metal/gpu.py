@@ -941,19 +941,6 @@ def magpie_lt_groups() -> int:
     return (multiprocessors() or 16) * MAGPIE_LT_GROUPS_PER_SM
 
 
-def _magpie_lt_kernel(name: str):
-    be = _backend()
-    key = (name, be)
-    k = _KERNELS.get(key)
-    if k is None:
-        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
-        make = mx.fast.metal_kernel if be == "metal" else mx.fast.cuda_kernel
-        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                 source=S.body(spec, be), header=S.header(spec, be))
-        _KERNELS[key] = k
-    return k
-
-
 @functools.lru_cache(maxsize=8)
 def _dummy(dtype):
     # the in-projection's place where the LT has none (never read: the kernel's HASIN is 0)
@@ -1001,7 +988,7 @@ def magpie_lt_draws(h, w, bad, cfg_scale, temperature, top_k, state, scratch=Non
              _f32(float(cfg_scale), float(temperature))]
     cur = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     try:
-        k = _magpie_lt_kernel(name)
+        k = _spec_kernel(name)
         codes = None
         for s0, s1 in spans:
             # each launch takes the previous one's state: the data edge that orders them on the scratch
