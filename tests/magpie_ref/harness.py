@@ -72,19 +72,7 @@ def g2p_reference_folder() -> Path:
     """The folder of make_g2p_reference.py's dump (g2p.json, g2p.nemo), made once per script version in
     its own cache folder, or the calling test skipped when the venv is missing.
     METALGEN_MAGPIE_G2P_REF=/dir uses an existing dump."""
-    import pytest
-
-    given = os.environ.get("METALGEN_MAGPIE_G2P_REF")
-    if given:
-        if not (Path(given) / G2P_MARKER).exists():
-            pytest.skip(f"{given} holds no Magpie G2P reference dump")
-        return Path(given)
-    py = venv_python()
-    if not (VENV / "READY").exists() or not py.exists():
-        failed = VENV / "FAILED"
-        why = failed.read_text().strip() if failed.exists() else "it has not been created"
-        pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
-    return cached_dump(VENV, G2P_SCRIPT, G2P_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
+    return _script_dump("METALGEN_MAGPIE_G2P_REF", G2P_SCRIPT, G2P_MARKER, "G2P reference dump")
 
 
 CLONE_SCRIPT = HERE / "make_clone_reference.py"
@@ -95,19 +83,7 @@ def clone_reference_folder() -> Path:
     """The folder of make_clone_reference.py's dump (clone.npz, clone.json, clone.nemo, clone_s2tc.nemo,
     codec_*.nemo, clip.wav), made once per script version in its own cache folder, or the calling test
     skipped when the venv is missing. METALGEN_MAGPIE_CLONE_REF=/dir uses an existing dump."""
-    import pytest
-
-    given = os.environ.get("METALGEN_MAGPIE_CLONE_REF")
-    if given:
-        if not (Path(given) / CLONE_MARKER).exists():
-            pytest.skip(f"{given} holds no Magpie cloning reference dump")
-        return Path(given)
-    py = venv_python()
-    if not (VENV / "READY").exists() or not py.exists():
-        failed = VENV / "FAILED"
-        why = failed.read_text().strip() if failed.exists() else "it has not been created"
-        pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
-    return cached_dump(VENV, CLONE_SCRIPT, CLONE_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
+    return _script_dump("METALGEN_MAGPIE_CLONE_REF", CLONE_SCRIPT, CLONE_MARKER, "cloning reference dump")
 
 
 CHUNK_SCRIPT = HERE / "make_chunk_reference.py"
@@ -118,16 +94,23 @@ def chunk_reference_folder() -> Path:
     """The folder of make_chunk_reference.py's dump (chunk.json, chunk.npz, magpie.nemo, magpie_s2.nemo,
     codec.nemo), made once per script version in its own cache folder, or the calling test skipped when
     the venv is missing. METALGEN_MAGPIE_CHUNK_REF=/dir uses an existing dump."""
+    return _script_dump("METALGEN_MAGPIE_CHUNK_REF", CHUNK_SCRIPT, CHUNK_MARKER, "long-text reference dump")
+
+
+def _script_dump(env: str, script: Path, marker: str, what: str) -> Path:
+    """The folder of `script`'s dump (it holds `marker`), made once per script version in its own cache
+    folder through the NeMo venv, or the calling test skipped when the venv is missing; the environment
+    variable `env` naming a folder uses an existing dump instead."""
     import pytest
 
-    given = os.environ.get("METALGEN_MAGPIE_CHUNK_REF")
+    given = os.environ.get(env)
     if given:
-        if not (Path(given) / CHUNK_MARKER).exists():
-            pytest.skip(f"{given} holds no Magpie long-text reference dump")
+        if not (Path(given) / marker).exists():
+            pytest.skip(f"{given} holds no Magpie {what}")
         return Path(given)
     py = venv_python()
     if not (VENV / "READY").exists() or not py.exists():
         failed = VENV / "FAILED"
         why = failed.read_text().strip() if failed.exists() else "it has not been created"
         pytest.skip(f"no Magpie reference venv ({why}); {HOW}")
-    return cached_dump(VENV, CHUNK_SCRIPT, CHUNK_MARKER, "Magpie", {"HF_HUB_OFFLINE": "1"})
+    return cached_dump(VENV, script, marker, "Magpie", {"HF_HUB_OFFLINE": "1"})
