@@ -24,7 +24,6 @@ from kernels_metal import gpu as G  # noqa: E402
 from kernels_metal import reference as ref  # noqa: E402
 from metalgen.magpie import dummy  # noqa: E402
 from metalgen.magpie.lt_kernel import pack_lt  # noqa: E402
-from metalgen.models.magpie.model import Model  # noqa: E402
 from metalgen.sampling import make_sampler  # noqa: E402
 
 LOG = []
@@ -34,33 +33,6 @@ def say(*a):
     s = " ".join(str(x) for x in a)
     print(s, flush=True)
     LOG.append(s)
-
-
-def build_model(seed=0):
-    """The 357M MagpieArgs with random LT weights, audio tables and (identity) LT input: weights scaled
-    1/sqrt(fan-in), so activations stay O(1) and logits spread over a few units (a realistic top-k)."""
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    model = Model(dummy.dummy_args("magpie-357m"))
-    rng = np.random.default_rng(seed)
-    new = []
-    for name, p in tree_flatten(model.parameters()):
-        if not (name.startswith("local_transformer") or name.startswith("audio_embeddings")):
-            continue
-        if "norm" in name:
-            v = 1.0 + 0.1 * rng.standard_normal(p.shape)
-        elif name.endswith("bias"):
-            v = 0.1 * rng.standard_normal(p.shape)
-        elif "position" in name or "audio_embeddings" in name:
-            v = rng.standard_normal(p.shape)
-        else:
-            v = rng.standard_normal(p.shape) / np.sqrt(p.shape[-1])
-            if "out_projections" in name:
-                v *= 3.0
-        new.append((name, mx.array(v.astype(np.float32))))
-    model.update(tree_unflatten(new))
-    mx.eval(model.parameters())
-    return model
 
 
 def eager_chain(model, h, bad, cfg_scale, sampler):
@@ -112,7 +84,7 @@ def main():
     K.set_verbose(True)
     say(f"# magpie_lt_check  backend={K.backend()}  device={mx.device_info().get('device_name', '?')}  "
         f"sms={G.multiprocessors()}  mlx={mx.__version__}  TF32={os.environ.get('MLX_ENABLE_TF32')}")
-    model = build_model()
+    model = dummy.lt_check_model()
     a = model.args
     V, d, n = a.num_tokens_per_codebook, a.decoder.d_model, a.num_codebooks * a.frame_stacking_factor
     cfg = 2.5

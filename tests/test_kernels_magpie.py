@@ -145,31 +145,6 @@ def test_lt_kernel_is_off_on_the_cpu():
     assert lt_kernel(_model()) is None
 
 
-def _model_357m_lt(dtype):
-    """The 357M shapes (v2602: LT 768 wide, 12 heads, 2 layers, 16 draws) with random LT weights and audio
-    tables scaled 1/sqrt(fan-in), so the logits spread over a few units as a trained LT's do."""
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    model = Model(dummy.dummy_args("magpie-357m"))
-    rng = np.random.default_rng(0)
-    new = []
-    for name, p in tree_flatten(model.parameters()):
-        if not (name.startswith("local_transformer") or name.startswith("audio_embeddings")):
-            continue
-        if "norm" in name:
-            v = 1.0 + 0.1 * rng.standard_normal(p.shape)
-        elif name.endswith("bias"):
-            v = 0.1 * rng.standard_normal(p.shape)
-        elif "position" in name or "audio_embeddings" in name:
-            v = rng.standard_normal(p.shape)
-        else:
-            v = 3.0 * rng.standard_normal(p.shape) / np.sqrt(p.shape[-1])
-        new.append((name, mx.array(v.astype(np.float32)).astype(dtype)))
-    model.update(tree_unflatten(new))
-    mx.eval(model.parameters())
-    return model
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 def test_gpu_kernel_equals_the_reference(dtype):
@@ -178,7 +153,7 @@ def test_gpu_kernel_equals_the_reference(dtype):
     # sampled, with and without CFG; the next state advanced by the draw count
     from kernels_metal import gpu as G
 
-    model = _model_357m_lt(dtype)
+    model = dummy.lt_check_model(dtype)
     packed = pack_lt(model)
     w = packed.weights
     assert G._magpie_lt_fits(w, model.args.decoder.d_model)  # the kernel runs, not its fallback

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import MetalgenError
@@ -231,3 +232,31 @@ def load_dummy(shape: str, dtype=None, seed: int = 0):
     config = spec["config"]
     text = MagpieText.from_config(config, text_vocab_size=args.text_vocab_size)
     return MagpieTTS(model, codec, text, config, list(SPEAKERS), f"dummy:{shape}")
+
+
+def lt_check_model(dtype=mx.float32, seed: int = 0):
+    """A Model of the 357M shapes (v2602) whose local transformer and audio tables are random, the rest
+    left as built, for the LT kernel's checks and benchmarks: weights scaled 3 / sqrt(fan-in), positions
+    and tables unit normal, norm scales near 1, so the LT's logits spread over a few units as a trained
+    LT's do and top-k draws are not near-ties."""
+    from ..models.magpie.model import Model
+
+    model = Model(dummy_args("magpie-357m"))
+    rng = np.random.default_rng(seed)
+    new = []
+    for name, p in tree_flatten(model.parameters()):
+        if not (name.startswith("local_transformer") or name.startswith("audio_embeddings")):
+            continue
+        if "norm" in name:
+            v = 1.0 + 0.1 * rng.standard_normal(p.shape)
+        elif name.endswith("bias"):
+            v = 0.1 * rng.standard_normal(p.shape)
+        elif "position" in name or "audio_embeddings" in name:
+            v = rng.standard_normal(p.shape)
+        else:
+            v = 3.0 * rng.standard_normal(p.shape) / np.sqrt(p.shape[-1])
+        new.append((name, mx.array(v.astype(np.float32)).astype(dtype)))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+    return model
+
