@@ -115,33 +115,3 @@ def test_compiled_chunk_decode_equals_the_eager_one(tiny, codes):
     for a, b in zip(out, eager):
         # bit for bit on the CPU; a GPU's fused elementwise kernels may round a last bit otherwise
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("stop_after", [None, 1])
-def test_overlapped_decode_gives_the_same_chunks(tiny, codes, stop_after):
-    # GPU backends decode the chunks on a worker thread while frames are drawn (stream_audio overlap=None);
-    # forced on here: the same chunks in the same order, and a consumer that stops early leaves no worker
-    import threading
-
-    from metalgen.magpie.streaming import stream_audio
-
-    pieces = [codes[:, i : i + 3] for i in range(0, codes.shape[1], 3)]
-    want = list(stream_audio(tiny.codec, pieces, 8, 2, overlap=False))
-    got = []
-    for chunk in stream_audio(tiny.codec, iter(pieces), 8, 2, overlap=True):
-        got.append(chunk)
-        if stop_after is not None and len(got) == stop_after:
-            break
-    n = len(want) if stop_after is None else stop_after
-    assert len(got) == n and len(want) > 3
-    for a, b in zip(got, want):
-        np.testing.assert_array_equal(a, b)
-    assert not any(t.name == "magpie-codec" for t in threading.enumerate())
-
-
-def test_overlapped_decode_raises_the_workers_error(tiny, codes):
-    from metalgen.magpie.streaming import stream_audio
-
-    bad = [codes[:, :4], codes[:3, 4:8]]  # the second piece has 3 codebooks of 8: the worker's decode fails
-    with pytest.raises(Exception):
-        list(stream_audio(tiny.codec, bad, 2, 2, overlap=True))

@@ -16,8 +16,6 @@ The chunk schedule and the bookkeeping are Qwen3-TTS's `StreamingDecoder`
 from __future__ import annotations
 
 import math
-import queue
-import threading
 import weakref
 from typing import Callable, Dict, Iterable, Iterator, Optional, Set
 
@@ -150,81 +148,9 @@ class CodecStream:
 
 def stream_audio(codec, pieces: Iterable, chunk_frames: int = CHUNK_FRAMES,
                  first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES,
-                 left_context: Optional[int] = None, overlap: Optional[bool] = None) -> Iterator[np.ndarray]:
-    """Codes (C, k) pieces -> float32 waveform chunks, each as soon as its frames exist.
-
-    `overlap` (None: on GPU backends) decodes the chunks on a thread of their own, on its own stream,
-    while the caller's thread goes on drawing frames: the same chunks in the same order. A chunk's
-    decode is ~1500 operations whose dispatch, not the GPU, is most of its cost, and the frame loop's
-    steps are a few fused launches, so the two share the GPU well; one after the other, every decode
-    stalls the frame loop for its whole length."""
-    import kernels_metal as K
-
+                 left_context: Optional[int] = None) -> Iterator[np.ndarray]:
+    """Codes (C, k) pieces -> float32 waveform chunks, each as soon as its frames exist."""
     stream = CodecStream(codec, chunk_frames, first_chunk_frames, left_context)
-    if overlap is None:
-        overlap = K.backend() != "cpu"
-    if not overlap:
-        for codes in pieces:
-            yield from stream.push(codes)
-        yield from stream.flush()
-        return
-    yield from _overlapped(stream, pieces)
-
-
-_DONE = object()
-
-
-def _overlapped(stream: CodecStream, pieces: Iterable) -> Iterator[np.ndarray]:
-    """`stream_audio`'s chunks with `stream`'s decodes on a worker thread: code pieces go to it through
-    one queue, audio (or the exception that stopped it) comes back through another, and each is yielded
-    as soon as the caller's thread sees it (between the pieces it draws, then until the worker is done).
-    Closing the generator stops the worker before it returns."""
-    todo: "queue.Queue" = queue.Queue()
-    done: "queue.Queue" = queue.Queue()
-    device = mx.default_device()
-
-    def work():
-        try:
-            # its own queue of work on the device (MLX streams belong to the thread that makes them)
-            with mx.stream(mx.new_stream(device)):
-                while True:
-                    codes = todo.get()
-                    if codes is _DONE:
-                        break
-                    if codes is None:  # the caller left early
-                        return
-                    for audio in stream.push(codes):
-                        done.put(audio)
-                for audio in stream.flush():
-                    done.put(audio)
-            done.put(_DONE)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, which raises it
-            done.put(e)
-
-    worker = threading.Thread(target=work, name="magpie-codec", daemon=True)
-    worker.start()
-
-    def ready(block: bool) -> Iterator[np.ndarray]:
-        while True:
-            try:
-                item = done.get(block=block)
-            except queue.Empty:
-                return
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    finished = False
-    try:
-        for codes in pieces:
-            todo.put(np.asarray(codes))
-            yield from ready(block=False)
-        todo.put(_DONE)
-        yield from ready(block=True)
-        finished = True
-    finally:
-        if not finished:
-            todo.put(None)
-        worker.join()
+    for codes in pieces:
+        yield from stream.push(codes)
+    yield from stream.flush()
