@@ -26,8 +26,9 @@ fallback to English for a language the checkpoint lacks.
 Phoneme tokenizers: NeMo's IPATokenizer + IpaG2p (English, Spanish, German, Italian, Vietnamese,
 French, Hindi, Portuguese, Korean locales) are rebuilt by metalgen/magpie/ipa_tokenizer.py and g2p.py
 from the dictionaries inside the `.nemo` (`nemo:` paths; pass `nemo_path`), always with phoneme
-probability 1.0. A tokenizer that cannot be built (a missing dictionary; Mandarin and Japanese, whose
-G2P needs jieba/pypinyin or pyopenjtalk; Hugging Face byt5 tokenizers) raises a MetalgenError for its
+probability 1.0; Mandarin's ChinesePhonemesTokenizer by metalgen/magpie/zh_g2p.py (encoding needs the
+optional jieba, pypinyin and pypinyin-dict: `metalgen[zh]`). A tokenizer that cannot be built (a missing
+dictionary; Japanese, whose G2P needs pyopenjtalk; Hugging Face byt5 tokenizers) raises a MetalgenError for its
 languages only. Its vocabulary size is then unknown, which would shift every later tokenizer's ids: when
 it is the only unknown one, the model's text embedding size fixes it (rows = total + BOS + EOS); else
 the languages after it raise too. No text normalization (numbers, dates): that is the caller's job, as
@@ -301,7 +302,6 @@ LANGUAGE_TOKENIZER_MAP: Dict[str, Tuple[str, ...]] = {
 
 # Phoneme tokenizers whose G2P needs third-party segmenters metalgen does not ship.
 _OUT_OF_SCOPE = {
-    "ChinesePhonemesTokenizer": "Mandarin (ChinesePhonemesTokenizer, whose G2P needs jieba and pypinyin)",
     "JapanesePhonemeTokenizer": "Japanese (JapanesePhonemeTokenizer, whose G2P needs pyopenjtalk)",
 }
 
@@ -372,10 +372,11 @@ class MagpieText:
         `language_to_tokenizer_mapping` and `nemo_version`). `text_vocab_size`, the model's text
         embedding rows when known, is checked against the tokenizers' total + 2. `nemo_path`, the
         `.nemo` the config came from, is where the phoneme tokenizers' `nemo:` dictionaries are read.
-        A tokenizer that cannot be built (a missing dictionary, Mandarin, Japanese) does not fail
+        A tokenizer that cannot be built (a missing dictionary, Japanese, byt5) does not fail
         the load: `encode` raises for its languages only."""
         from .ipa_tokenizer import NemoArtifacts, build_ipa_tokenizer
         from .unbuilt_sizes import unbuilt_size
+        from .zh_g2p import build_chinese_tokenizer
 
         artifacts = NemoArtifacts(nemo_path)
         section = cfg.get("text_tokenizers")
@@ -395,9 +396,12 @@ class MagpieText:
                 tok = build_char_tokenizer(name, tc, nemo_version)
                 tokenizers[name] = tok
                 sizes[name] = len(tok.tokens)
-            elif cls_name == "IPATokenizer":
+            elif cls_name in ("IPATokenizer", "ChinesePhonemesTokenizer"):
                 try:
-                    tok = build_ipa_tokenizer(name, tc, nemo_version, artifacts)
+                    if cls_name == "IPATokenizer":
+                        tok = build_ipa_tokenizer(name, tc, nemo_version, artifacts)
+                    else:
+                        tok = build_chinese_tokenizer(name, tc, artifacts.read_text)
                 except MetalgenError as e:
                     why = str(e).replace(f"Magpie tokenizer '{name}': ", "", 1)
                     unavailable[name] = f"its tokenizer '{name}' cannot be built: {why}"
@@ -407,7 +411,7 @@ class MagpieText:
                     sizes[name] = len(tok.tokens)
             else:
                 unavailable[name] = _unavailable_reason(name, tc)
-                # Its size may still be knowable (byt5, Mandarin's dictionary): later offsets need it.
+                # Its size may still be knowable (byt5): later offsets need it.
                 sizes[name] = unbuilt_size(tc, artifacts.read_text)
 
         mapping = cfg.get("language_to_tokenizer_mapping")
@@ -426,7 +430,7 @@ class MagpieText:
     @property
     def languages(self) -> List[str]:
         """Every language the checkpoint maps to one of its tokenizers (including those `encode`
-        refuses: Mandarin, Japanese, byt5, or a phoneme tokenizer whose dictionary is missing)."""
+        refuses: Japanese, byt5, or a phoneme tokenizer whose dictionary is missing)."""
         return sorted(self.language_map)
 
     @property

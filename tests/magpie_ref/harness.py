@@ -97,6 +97,17 @@ def chunk_reference_folder() -> Path:
     return _script_dump("METALGEN_MAGPIE_CHUNK_REF", CHUNK_SCRIPT, CHUNK_MARKER, "long-text reference dump")
 
 
+ZH_SCRIPT = HERE / "make_zh_reference.py"
+ZH_MARKER = "zh.json"
+
+
+def zh_reference_folder() -> Path:
+    """The folder of make_zh_reference.py's dump (zh.json, zh.nemo): NeMo's Mandarin front end with jieba and
+    pypinyin, made once per script version, or the calling test skipped when the venv is missing.
+    METALGEN_MAGPIE_ZH_REF=/dir uses an existing dump."""
+    return _script_dump("METALGEN_MAGPIE_ZH_REF", ZH_SCRIPT, ZH_MARKER, "Mandarin reference dump")
+
+
 def _script_dump(env: str, script: Path, marker: str, what: str) -> Path:
     """The folder of `script`'s dump (it holds `marker`), made once per script version in its own cache
     folder through the NeMo venv, or the calling test skipped when the venv is missing; the environment

@@ -14,7 +14,14 @@ ready() {
     [ -f "$venv/READY" ] && [ -x "$venv/bin/python" ] && "$venv/bin/python" -c \
         "import importlib.metadata as m; assert m.version('nemo-toolkit') == '$NEMO_VERSION'" 2>/dev/null
 }
+# NeMo's Mandarin G2P (ChineseG2p) imports these when it is built: the Mandarin parity tests need them, and
+# metalgen's `zh` extra installs the same packages (the test skips when the two sides' versions differ).
+ZH_PACKAGES="jieba pypinyin pypinyin-dict"
 if ready; then
+    if ! "$venv/bin/python" -c "import jieba, pypinyin, pypinyin_dict" 2>/dev/null; then
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check $ZH_PACKAGES \
+            || { echo "magpie reference venv: installing $ZH_PACKAGES failed (no network?)" >&2; exit 1; }
+    fi
     echo "magpie reference venv: reusing $venv"; exit 0
 fi
 rm -rf "$venv"
@@ -39,7 +46,7 @@ $pip --no-deps "nemo-toolkit==$NEMO_VERSION" || fail "installing nemo-toolkit $N
 $pip numpy "omegaconf<=2.3" "hydra-core>1.3,<=1.3.2" "lightning>2.2.1,<=2.4.0" torchmetrics transformers \
     huggingface_hub einops librosa soundfile wrapt text-unidecode onnx lhotse sentencepiece pandas \
     kaldialign braceexpand webdataset datasets wandb \
-    nv-one-logger-core nv-one-logger-training-telemetry nv-one-logger-pytorch-lightning-integration \
+    nv-one-logger-core nv-one-logger-training-telemetry nv-one-logger-pytorch-lightning-integration $ZH_PACKAGES \
     || fail "installing nemo-toolkit's runtime dependencies failed (no network?)"
 "$venv/bin/python" -c "from nemo.collections.tts.models import MagpieTTSModel, AudioCodecModel" >/dev/null 2>"$venv/import.log" \
     || fail "the venv was built but importing MagpieTTSModel fails: $(tail -n 1 "$venv/import.log")"
