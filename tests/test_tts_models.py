@@ -148,3 +148,19 @@ def test_chunked_with_full_context_equals_whole(tiny):
     dec = tiny.speech.decoder
     codes = mx.array(np.random.default_rng(1).integers(0, 2048, (1, 17, 16)).astype(np.int32))
     np.testing.assert_allclose(np.array(dec.chunked(codes, 5, 17)), np.array(dec(codes)), atol=1e-5)
+
+
+@pytest.mark.parametrize("k, dilation, stride", [(1, 1, 1), (1, 1, 2), (3, 1, 1), (7, 3, 1), (11, 5, 1), (4, 1, 2), (5, 2, 3)])
+def test_conv1d_gemm_is_mlx_conv1d(k, dilation, stride):
+    # the strided-view form of the speech decoders' conv against MLX's own conv1d, on a sliced (not
+    # row-contiguous) input too
+    from metalgen.models.qwen3_tts.speech_decoder import conv1d_gemm
+
+    rng = np.random.default_rng(k * 100 + dilation * 10 + stride)
+    x = mx.array(rng.standard_normal((2, 70, 6)).astype(np.float32))[:, 3:64]
+    w = mx.array(rng.standard_normal((5, k, 6)).astype(np.float32))
+    b = mx.array(rng.standard_normal((5,)).astype(np.float32))
+    got = conv1d_gemm(x, w, b, dilation, stride)
+    want = mx.conv1d(x, w, stride=stride, dilation=dilation) + b
+    assert got.shape == want.shape and got.shape[1] > 2
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
