@@ -199,3 +199,17 @@ def test_encoder_config_refusals():
     assert "down-samples by 8, not samples_per_frame 16" in args.encoder_error
     with pytest.raises(MetalgenError, match="loaded without its encoder"):
         NanoCodec(NanoCodecArgs.from_config(CONFIG)).encode(mx.zeros((1, 32)))
+
+
+def test_half_snake_is_snake_then_leaky_relu():
+    # HalfSnake's one fused kernel against its definition: Snake on the first half of the channels,
+    # LeakyReLU(0.01) on the rest
+    import mlx.core as mx
+
+    from metalgen.models.magpie.codec import HalfSnake, snake
+
+    act = HalfSnake(10)
+    act.snake_act.alpha = mx.array(np.random.default_rng(1).uniform(0.2, 3.0, 5).astype(np.float32))
+    x = mx.array(np.random.default_rng(2).standard_normal((2, 7, 10)).astype(np.float32) * 3)
+    want = mx.concatenate([snake(x[..., :5], act.snake_act.alpha), mx.maximum(0.01 * x[..., 5:], x[..., 5:])], axis=-1)
+    np.testing.assert_array_equal(np.array(act(x)), np.array(want))

@@ -195,6 +195,14 @@ class Snake(nn.Module):
         return snake(x, self.alpha)
 
 
+@partial(mx.compile, shapeless=True)
+def half_snake(x: mx.array, alpha: mx.array, on: mx.array) -> mx.array:
+    """Snake (`snake`'s formula) where `on` (C,) is true, LeakyReLU(0.01) elsewhere; alpha (C,) is
+    read only where `on`. One kernel, where slicing the halves and joining them again took four."""
+    s = x + (1.0 / (alpha + 1e-9)) * mx.square(mx.sin(alpha * x))
+    return mx.where(on, s, mx.maximum(_LRELU_SLOPE * x, x))
+
+
 class HalfSnake(nn.Module):
     """Snake on the first channels // 2 channels, LeakyReLU(0.01) on the rest."""
 
@@ -202,10 +210,12 @@ class HalfSnake(nn.Module):
         super().__init__()
         self.snake_channels = channels // 2
         self.snake_act = Snake(self.snake_channels)
+        # underscored: not a parameter; which channels take the snake
+        self._on = mx.arange(channels) < self.snake_channels
 
     def __call__(self, x: mx.array) -> mx.array:
-        h = self.snake_channels
-        return mx.concatenate([self.snake_act(x[..., :h]), nn.leaky_relu(x[..., h:], _LRELU_SLOPE)], axis=-1)
+        alpha = mx.pad(self.snake_act.alpha, [(0, self._on.shape[0] - self.snake_channels)], constant_values=1.0)
+        return half_snake(x, alpha, self._on)
 
 
 class CodecActivation(nn.Module):
