@@ -213,3 +213,30 @@ def test_half_snake_is_snake_then_leaky_relu():
     x = mx.array(np.random.default_rng(2).standard_normal((2, 7, 10)).astype(np.float32) * 3)
     want = mx.concatenate([snake(x[..., :5], act.snake_act.alpha), mx.maximum(0.01 * x[..., 5:], x[..., 5:])], axis=-1)
     np.testing.assert_array_equal(np.array(act(x)), np.array(want))
+
+
+def test_a_codec_built_here_decodes_on_another_threads_stream():
+    # the server decodes on its worker thread's own stream: nothing of the codec may be a pending
+    # computation bound to the building thread's stream (HalfSnake's channel mask once was: a 500)
+    import threading
+
+    import mlx.core as mx
+
+    from metalgen.magpie.dummy import load_dummy
+
+    codec = load_dummy("magpie-tiny").codec
+    codes = mx.array(np.random.default_rng(3).integers(0, 2016, (1, 8, 6)).astype(np.int32))
+    out = {}
+
+    def work():
+        try:
+            with mx.stream(mx.new_stream(mx.default_device())):
+                out["wav"] = np.array(codec.decode(codes))
+        except Exception as e:  # noqa: BLE001 - reported below
+            out["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in out, out.get("error")
+    np.testing.assert_array_equal(out["wav"], np.array(codec.decode(codes)))

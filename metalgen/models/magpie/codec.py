@@ -210,8 +210,9 @@ class HalfSnake(nn.Module):
         super().__init__()
         self.snake_channels = channels // 2
         self.snake_act = Snake(self.snake_channels)
-        # underscored: not a parameter; which channels take the snake
-        self._on = mx.arange(channels) < self.snake_channels
+        # underscored: not a parameter; which channels take the snake. Made from host data, so it is
+        # never a pending computation bound to the stream of the thread that built the model.
+        self._on = mx.array(np.arange(channels) < self.snake_channels)
 
     def __call__(self, x: mx.array) -> mx.array:
         alpha = mx.pad(self.snake_act.alpha, [(0, self._on.shape[0] - self.snake_channels)], constant_values=1.0)
