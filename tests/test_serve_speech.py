@@ -193,6 +193,48 @@ def test_a_closed_stream_stops_its_generation(served, client):
     assert len(speak(client, seed=1, response_format="pcm")) > 0  # the server goes on
 
 
+def test_the_body_size_and_queue_limits_apply_to_speech(served, client, monkeypatch):
+    """A body past --max-request-bytes is a 413 error object; a request that would wait past --max-queue
+    (here 0: none may wait) a 429 with Retry-After, while the first one generates."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    url, tts, engine = served
+    with TestClient(make_app(engine, max_request_bytes=200)) as c:
+        r = c.post("/v1/audio/speech", json={"model": NAME, "voice": "vivian", "input": "x" * 300})
+        assert r.status_code == 413 and "limit of 200 bytes" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    gate, real, done = threading.Event(), tts.stream, []
+
+    def held(*args, **kw):
+        gate.wait(30)
+        yield from real(*args, **kw)
+
+    monkeypatch.setattr(tts, "stream", held)
+    monkeypatch.setattr(engine.in_flight, "max_queue", 0)
+    first = threading.Thread(target=lambda: done.append(speak(client, seed=1, response_format="pcm")))
+    first.start()
+    try:
+        for _ in range(500):
+            if len(engine.in_flight) == 1:
+                break
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as e:
+            speak(client, seed=2)
+        assert e.value.response.headers["retry-after"] == "1"
+        assert e.value.response.json()["error"]["code"] == "rate_limit_exceeded"
+    finally:
+        gate.set()
+        first.join(60)
+    assert len(done) == 1 and len(done[0]) > 0
+    for _ in range(100):  # the worker lets go of the job right before its last event
+        if len(engine.in_flight) == 0:
+            break
+        time.sleep(0.01)
+    assert len(speak(client, seed=2, response_format="pcm")) > 0  # free again
+
+
 def test_model_limits_by_checkpoint_type(tmp_path):
     """0.6B CustomVoice takes no instructions; VoiceDesign needs them (its `voice` names nothing); a Base
     model clones the voices the server was started with."""

@@ -41,6 +41,12 @@ def add_parser(sub) -> None:
                         "model, or a Magpie checkpoint with a context encoder")
     p.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
                    help="the transcript of --voice NAME's clip, for Qwen3-TTS in-context cloning (optional)")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 2**20,
+                   help="a request body past this many bytes is refused (413) before more of it is read; "
+                        "default: %(default)s (8 MiB)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests that may wait for the engine beyond those it is running; past them a request "
+                        "is refused (429, Retry-After); 0: none wait; default: %(default)s")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health; default: the "
                         "environment variable METALGEN_API_KEY, else no key")
@@ -66,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError(f"--max-batch must be >= 1, got {args.max_batch}")
     if not args.prefix_cache_gb >= 0:  # (NaN too)
         raise MetalgenError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb}")
+    if args.max_request_bytes < 1:
+        raise MetalgenError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.max_queue < 0:
+        raise MetalgenError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 <= args.port < 65536:
         raise MetalgenError(f"--port must be in 0..65535, got {args.port}")
     # read once, here: the app holds the key, and nothing later looks at the environment
@@ -84,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         tts = load_tts(args.model, dtype=args.dtype, revision=args.revision, codec=args.codec)
         if tts.model_type == "magpie" and args.decode != "auto":
             print("metalgen: note: --decode is for text and Qwen3-TTS models; Magpie has one path", file=sys.stderr)
-        engine = SpeechEngine(tts, name, decode=args.decode, ref_voices=voices)
+        engine = SpeechEngine(tts, name, decode=args.decode, ref_voices=voices, max_queue=args.max_queue)
     else:
         if voices:
             raise MetalgenError("--voice is for a speech model (Qwen3-TTS Base, or Magpie with a context encoder)")
@@ -92,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
             raise MetalgenError("--codec is for a Magpie TTS model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
-                        prefix_cache_gb=args.prefix_cache_gb)
+                        prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:
-        uvicorn.run(make_app(engine, args.max_tokens, api_key=api_key), host=args.host, port=args.port,
+        uvicorn.run(make_app(engine, args.max_tokens, api_key=api_key, max_request_bytes=args.max_request_bytes),
+                    host=args.host, port=args.port,
                     log_level="info" if args.verbose else "warning")
     except OSError as e:  # e.g. the port is taken
         raise MetalgenError(f"cannot serve on {args.host}:{args.port}: {e}")

@@ -24,7 +24,7 @@ from .auth import ApiKeyMiddleware
 from .choices import Choice, answer, events
 from .engine import Engine
 from .logprobs import TokenStrings
-from .http import cancel_on_disconnect, error_response
+from .http import DEFAULT_MAX_REQUEST_BYTES, cancel_on_disconnect, error_response, read_body
 from .protocol import RequestError, new_id, parse_request
 from .speech import not_served, speech_route
 
@@ -49,9 +49,11 @@ def _rss_bytes() -> Optional[int]:
         return None
 
 
-def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[str] = None) -> Starlette:
+def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[str] = None,
+             max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Starlette:
     """The application serving `engine`'s model under its name; with `api_key`, every route but /health
-    needs `Authorization: Bearer <api_key>` (auth.ApiKeyMiddleware)."""
+    needs `Authorization: Bearer <api_key>` (auth.ApiKeyMiddleware). A request body past `max_request_bytes`
+    is refused (413), and a request while the engine's queue is full (its `admit`) too (429)."""
     created = int(time.time())
 
     async def health(request: Request):
@@ -72,9 +74,11 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
         if getattr(engine, "task", "text") != "text":  # a speech model serves /v1/audio/speech only
             return error_response(not_served(engine, request.url.path))
         try:
-            raw = await request.body()
+            raw = await read_body(request, max_request_bytes)
         except ClientDisconnect:  # gone before its body arrived: nothing to run, nobody to answer
             return Response(status_code=400)
+        except RequestError as e:  # past the size limit
+            return error_response(e)
         try:
             try:
                 body = json.loads(raw)
@@ -86,6 +90,7 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
             if req.model != engine.name:
                 raise RequestError(f"the model '{req.model}' does not exist here (this server has "
                                    f"'{engine.name}')", 404, "invalid_request_error", "model")
+            engine.admit()  # 429 while the queue is full (nothing awaited from here to the submission)
             ids, opened = engine.encode(req)
             # a structured reply is the JSON text, content from its first token, even after a prompt that
             # opened a thinking block (the mask leaves no room for one)
@@ -116,7 +121,7 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
     return Starlette(routes=[
         Route("/health", health), Route("/v1/models", models), Route("/debug/engine", debug),
         Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/completions", text, methods=["POST"]),
-        Route("/v1/audio/speech", speech_route(engine), methods=["POST"]),
+        Route("/v1/audio/speech", speech_route(engine, max_request_bytes), methods=["POST"]),
     ], middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)] if api_key else [],
         exception_handlers={HTTPException: _http_error, Exception: _server_error})
 

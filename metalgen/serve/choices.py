@@ -25,7 +25,8 @@ class Choice:
         req: GenerationRequest = job.req
         self.index, self.job = index, job
         self.reasoning = ReasoningSplitter(job.in_reasoning) if req.kind == "chat" else None
-        self.tools = ToolCallParser(req.tool_prefix) if req.tools else None
+        # streamed, a call's arguments go out as they are written (tools.ToolCallParser)
+        self.tools = ToolCallParser(req.tool_prefix, stream=req.stream) if req.tools else None
         self.logprobs = TokenLogprobs(strings, req.kind, req.top_logprobs) if req.logprobs else None
 
     async def items(self) -> AsyncIterator[Tuple]:

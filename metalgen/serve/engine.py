@@ -43,6 +43,55 @@ class JobEvents:
             pass
 
 
+DEFAULT_MAX_QUEUE = 256  # requests that may wait for the worker (`metalgen serve --max-queue`)
+
+
+class InFlight:
+    """An engine's jobs submitted and not yet ended, and the cap on those waiting: past the `running` the
+    worker serves at once (the batch's rows, or the one job), at most `max_queue` may wait (None: no cap).
+    The handlers' loop adds and admits, the worker ends jobs, hence the lock."""
+
+    def __init__(self, running: int, max_queue: Optional[int] = DEFAULT_MAX_QUEUE):
+        if max_queue is not None and max_queue < 0:
+            raise MetalgenError(f"--max-queue must be >= 0, got {max_queue}")
+        self.running, self.max_queue = running, max_queue
+        self.jobs: set = set()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job) -> None:
+        with self.lock:
+            self.jobs.add(job)
+
+    def discard(self, job) -> None:
+        with self.lock:
+            self.jobs.discard(job)
+
+    def live(self) -> int:
+        """Jobs in flight whose client is still there (one whose client went away will be skipped)."""
+        with self.lock:
+            return sum(1 for job in self.jobs if not job.cancelled.is_set())
+
+    def waiting(self) -> int:
+        """Jobs waiting for the worker now."""
+        return max(0, self.live() - self.running)
+
+    def admit(self) -> None:
+        """Refuses a new request (429, with Retry-After) when it would have to wait and `max_queue` jobs wait
+        already; a request of n choices is taken while one place is left. Called on the handlers' loop right
+        before the request's jobs are submitted, so that nothing comes between the check and the submission."""
+        if self.max_queue is None:
+            return
+        live = self.live()
+        if live >= self.running + self.max_queue:
+            waiting = max(0, live - self.running)
+            raise RequestError(f"the server is busy: {waiting} requests are waiting, its limit (--max-queue "
+                               f"{self.max_queue}); retry later", 429, "requests", code="rate_limit_exceeded",
+                               headers={"Retry-After": "1"})
+
+
 class Job(JobEvents):
     """One request in flight (one choice of it): its ids, and the events its handler reads: ("text", str)
     (each after its tokens' ("token", id, logprob, top alternatives) where the request asks for logprobs),
@@ -68,10 +117,10 @@ class _Running:
 class Engine:
     """Serves `model` as `name`; `submit` queues a request, the worker thread generates it (up to
     `max_batch` requests decoded together; batched, a prefix cache of up to `prefix_cache_gb` GiB of earlier
-    requests' KV, 0 for none)."""
+    requests' KV, 0 for none). `admit` refuses a request while `max_queue` jobs wait already (InFlight)."""
 
     def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512, max_batch: int = 1,
-                 prefix_cache_gb: float = 1.0):
+                 prefix_cache_gb: float = 1.0, max_queue: Optional[int] = DEFAULT_MAX_QUEUE):
         if max_batch < 1:
             raise MetalgenError(f"--max-batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -95,10 +144,9 @@ class Engine:
         self.stream = mx.new_thread_local_stream(mx.default_device())
         self.reused = None
         self.jobs: "queue.Queue[Job]" = queue.Queue()
-        # jobs submitted and not yet ended (a done or error event put), for `state`: what a request stuck in
-        # the engine would show as; the handlers' loop adds, the worker removes, hence the lock
-        self._live: set = set()
-        self._live_lock = threading.Lock()
+        # jobs submitted and not yet ended (a done or error event put), for `state` (what a request stuck in the
+        # engine would show as) and for the cap on the queue
+        self.in_flight = InFlight(self.max_batch, max_queue)
         self._gen: Optional[BatchGenerator] = None  # the running batch (batched mode)
         self._current: Optional[Job] = None  # the job generating now (one at a time)
         self.worker = threading.Thread(target=self._work, name="metalgen-engine", daemon=True)
@@ -132,10 +180,13 @@ class Engine:
                                param=req.limit_param, code="context_length_exceeded")
         return ids, opened
 
+    def admit(self) -> None:
+        """Raises RequestError (429) while the queue is full (`max_queue` jobs waiting)."""
+        self.in_flight.admit()
+
     def submit(self, req: GenerationRequest, ids: List[int], in_reasoning: bool = False) -> Job:
         job = Job(req, ids, asyncio.get_running_loop(), in_reasoning)
-        with self._live_lock:
-            self._live.add(job)
+        self.in_flight.add(job)
         self.jobs.put(job)
         return job
 
@@ -150,13 +201,12 @@ class Engine:
         if gen is not None:
             group = getattr(gen, "prefilling", None)  # (read once: the worker may clear it meanwhile)
             waiting = len(gen.waiting) + (len(group.rows) if group is not None else 0)
-        return {"jobs": len(self._live), "queued": self.jobs.qsize(), "rows": rows, "waiting": waiting,
-                "max_batch": self.max_batch, "peak_batch": self.peak_batch}
+        return {"jobs": len(self.in_flight), "queued": self.jobs.qsize(), "rows": rows, "waiting": waiting,
+                "max_batch": self.max_batch, "peak_batch": self.peak_batch, "max_queue": self.in_flight.max_queue}
 
     def _end(self, job: Job, *event) -> None:
         """A job's last event ("done", finish, usage) or ("error", RequestError): it leaves the live set."""
-        with self._live_lock:
-            self._live.discard(job)
+        self.in_flight.discard(job)
         job.put(*event)
 
     def _work(self) -> None:

@@ -14,13 +14,14 @@ from .tools import forced_prefix
 
 
 class RequestError(MetalgenError):
-    """A request the server refuses: HTTP `status`, OpenAI error `kind`, the offending `param`, and
-    OpenAI's machine-readable `code` where it has one (e.g. "invalid_api_key")."""
+    """A request the server refuses: HTTP `status`, OpenAI error `kind`, the offending `param`, OpenAI's
+    machine-readable `code` where it has one (e.g. "invalid_api_key"), and headers of the response's own."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[Dict[str, str]] = None):
         super().__init__(message)
         self.status, self.kind, self.param, self.code = status, kind, param, code
+        self.headers = headers  # the response's own (e.g. a 429's Retry-After)
 
     def body(self) -> Dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}

@@ -27,13 +27,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import MetalgenError
 from ..magpie.chunking import ChunkRules
-from .engine import JobEvents
-from .http import cancel_on_disconnect, error_response
+from .engine import DEFAULT_MAX_QUEUE, InFlight, JobEvents
+from .http import DEFAULT_MAX_REQUEST_BYTES, cancel_on_disconnect, error_response, read_body
 from .protocol import RequestError, _number
 
 # config.json model types served by this route (the others are text decoders); Magpie checkpoints are NeMo
@@ -485,7 +485,8 @@ class SpeechEngine:
     task = "speech"
 
     def __init__(self, tts, name: str, decode: Optional[str] = "auto", max_frames: Optional[int] = None,
-                 ref_voices: Optional[Dict[str, Tuple[str, Optional[str]]]] = None):
+                 ref_voices: Optional[Dict[str, Tuple[str, Optional[str]]]] = None,
+                 max_queue: Optional[int] = DEFAULT_MAX_QUEUE):
         self.tts, self.name = tts, name
         if tts.model_type == MagpieSpeech.model_type:
             self.family = MagpieSpeech(tts, name, max_frames, ref_voices or {})
@@ -500,6 +501,7 @@ class SpeechEngine:
         mx.eval(*self.family.parameters())
         self.stream = mx.new_thread_local_stream(mx.default_device())
         self.jobs: "queue.Queue[SpeechJob]" = queue.Queue()
+        self.in_flight = InFlight(1, max_queue)  # one generating, at most max_queue waiting
         self.worker = threading.Thread(target=self._work, name="metalgen-speech", daemon=True)
         self.worker.start()
 
@@ -508,15 +510,24 @@ class SpeechEngine:
         """The voice names a request may ask for."""
         return self.family.voices
 
+    def admit(self) -> None:
+        """Raises RequestError (429) while the queue is full (`max_queue` requests waiting)."""
+        self.in_flight.admit()
+
     def submit(self, req: SpeechRequest) -> SpeechJob:
         job = SpeechJob(req, asyncio.get_running_loop())
+        self.in_flight.add(job)
         self.jobs.put(job)
         return job
 
     def _work(self) -> None:
         with mx.stream(self.stream):
             while True:
-                self._serve(self.jobs.get())
+                job = self.jobs.get()
+                try:
+                    self._serve(job)
+                finally:
+                    self.in_flight.discard(job)  # (a job skipped, or one whose serving failed)
 
     def _serve(self, job: SpeechJob) -> None:
         if job.cancelled.is_set():
@@ -539,6 +550,7 @@ class SpeechEngine:
             last = ("error", RequestError(f"speech generation failed: {type(e).__name__}: {e}", 500, "server_error"))
         # recorded before the last event, so that whoever has the whole answer also sees how the job ended
         self.last = (end, samples // self.samples_per_frame)
+        self.in_flight.discard(job)  # before its last event: whoever has the answer may send the next request
         job.put(*last)
 
 
@@ -558,20 +570,26 @@ class _Failed(Exception):
     and the client sees a broken stream rather than a clip that merely ends early."""
 
 
-def speech_route(engine):
-    """The /v1/audio/speech handler over `engine` (a text engine's answers that it does not serve speech)."""
+def speech_route(engine, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+    """The /v1/audio/speech handler over `engine` (a text engine's answers that it does not serve speech); a
+    body past `max_request_bytes` is refused (413), and a request while the engine's queue is full (429)."""
 
     async def speech(request: Request):
         if getattr(engine, "task", "text") != "speech":
             return error_response(not_served(engine, "/v1/audio/speech"))
         try:
             try:
-                body = json.loads(await request.body())
+                raw = await read_body(request, max_request_bytes)
+            except ClientDisconnect:  # gone before its body arrived: nobody to answer
+                return Response(status_code=400)
+            try:
+                body = json.loads(raw)
             except ValueError as e:  # bad JSON or UTF-8, or an integer past Python's 4300 digits
                 raise RequestError(f"the request body is not valid JSON ({str(e).splitlines()[0]})")
             except RecursionError:  # nesting deeper than the parser's stack
                 raise RequestError("the request body is not valid JSON (nested too deeply)")
             req = parse_speech_request(body, engine)
+            engine.admit()  # 429 while the queue is full
         except RequestError as e:
             return error_response(e)
         job = engine.submit(req)
