@@ -81,9 +81,9 @@ class CodecFrames:
     waveform (B, T * samples_per_frame).
 
     Chunks of the `compiled_lengths` decode through `compiled_decode` (the same samples: on the CPU
-    bit for bit). A chunk's decode is about 1500 MLX operations; traced once, it is not rebuilt op
+    bit for bit). A chunk's decode is about 1400 MLX operations; traced once, it is not rebuilt op
     by op for every chunk and its elementwise chains fuse (benchmarks/magpie_codec_probe.py). Only
-    the schedule's own lengths are traced: a trace costs more than a decode, and the flushed last
+    the schedule's own lengths are traced: every new length costs a trace, and the flushed last
     chunk's length changes from utterance to utterance."""
 
     def __init__(self, codec, compiled_lengths: Iterable[int] = ()):
