@@ -107,8 +107,8 @@ def test_json_object_takes_any_object_and_only_objects():
 
 
 @pytest.mark.parametrize("bad, word", [
-    ({"type": "string", "pattern": "^a"}, "pattern"), ({"type": "string", "format": "date"}, "format"),
-    ({"$ref": "#/x"}, "$ref"), ({"type": "integer", "minimum": 0}, "minimum"), ({"oneOf": [{}]}, "oneOf"),
+    ({"type": "string", "pattern": "a(?=b)"}, "lookaround"), ({"type": "string", "format": "duration"}, "format"),
+    ({"$ref": "#/x"}, "$ref"), ({"type": "integer", "minimum": 2, "maximum": 1}, "bounds"), ({"oneOf": [{}]}, "oneOf"),
     ({"type": "object", "properties": {"a": {"type": "xml"}}}, "type"), ("nope", "must be an object"),
     ({"type": "object", "properties": {}, "required": ["a"]}, "required"), ({"enum": []}, "enum"),
     ({"type": "string", "maxLength": -1}, "maxLength"),
@@ -119,6 +119,109 @@ def test_unsupported_or_invalid_schemas_are_refused(bad, word):
     assert word in str(e.value) and "\n" not in str(e.value)
 
 
+# -- $ref ------------------------------------------------------------------------------------------------------
+
+# what Pydantic writes for nested models (model_json_schema()): $defs, $ref with a sibling description, a
+# recursive model, Optional as anyOf [$ref, null], and constr / conint / datetime fields
+PYDANTIC = {
+    "$defs": {
+        "Addr": {"properties": {"street": {"title": "Street", "type": "string", "maxLength": 20},
+                                "zip": {"pattern": "^\\d{5}$", "title": "Zip", "type": "string"}},
+                 "required": ["street", "zip"], "title": "Addr", "type": "object"},
+        "Node": {"properties": {"v": {"title": "V", "type": "integer", "minimum": 0},
+                                "kids": {"default": [], "items": {"$ref": "#/$defs/Node"}, "title": "Kids",
+                                         "type": "array"}},
+                 "required": ["v"], "title": "Node", "type": "object"}},
+    "properties": {
+        "home": {"$ref": "#/$defs/Addr", "description": "where"},
+        "other": {"anyOf": [{"$ref": "#/$defs/Addr"}, {"type": "null"}], "default": None},
+        "tree": {"$ref": "#/$defs/Node"},
+        "at": {"format": "date-time", "title": "At", "type": "string"},
+        "age": {"exclusiveMaximum": 150, "minimum": 0, "title": "Age", "type": "integer"}},
+    "required": ["home", "tree", "at", "age"], "title": "P", "type": "object"}
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"home": {"street": "Main", "zip": "12345"}, "tree": {"v": 1}, "at": "2024-01-01T00:00:00Z", "age": 3}', True),
+    ('{"home": {"street": "M", "zip": "12345"}, "other": null, "tree": {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]},'
+     ' {"v": 0}]}, "at": "2024-01-01T00:00:00Z", "age": 149}', True),
+    ('{"other": {"zip": "00000", "street": ""}, "home": {"street": "M", "zip": "12345"}, "tree": {"v": 1, "kids": []},'
+     ' "at": "2024-01-01T00:00:00+01:00", "age": 0}', True),
+    ('{"home": {"street": "Main", "zip": "1234"}, "tree": {"v": 1}, "at": "2024-01-01T00:00:00Z", "age": 3}', False),
+    ('{"home": {"street": "Main", "zip": "12345"}, "tree": {"v": 1, "kids": [{"v": -2}]}, "at": "2024-01-01T00:00:00Z",'
+     ' "age": 3}', False),  # the recursive model's bound, two levels down
+    ('{"home": {"street": "Main", "zip": "12345"}, "tree": {"v": 1, "kids": [{}]}, "at": "2024-01-01T00:00:00Z",'
+     ' "age": 3}', False),  # its required key
+    ('{"home": {"street": "Main", "zip": "12345"}, "tree": {"v": 1}, "at": "2024-01-01", "age": 3}', False),
+    ('{"home": {"street": "Main", "zip": "12345"}, "tree": {"v": 1}, "at": "2024-01-01T00:00:00Z", "age": 150}', False),
+    ('{"home": {"street": "Main", "zip": "12345"}, "other": {"street": "x"}, "tree": {"v": 1}, '
+     '"at": "2024-01-01T00:00:00Z", "age": 1}', False),
+])
+def test_pydantic_nested_schema_with_defs(text, ok):
+    assert schema(PYDANTIC).accepts(text.encode()) == ok
+    if ok:
+        json.loads(text)
+
+
+def test_refs_definitions_pointers_and_recursion():
+    linked = {"definitions": {"list": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["v", "next"],
+              "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/definitions/list"}}}]}},
+              "$ref": "#/definitions/list"}
+    g = schema(linked)
+    assert g.accepts(b'{"v": 1, "next": {"v": 2, "next": null}}') and g.accepts(b"null")
+    assert not g.accepts(b'{"v": 1, "next": {"v": 2}}') and not g.accepts(b'{"v": 1}')
+    deep = b'{"v": 1, "next": ' * 30 + b"null" + b"}" * 30
+    assert g.accepts(deep) and not g.accepts(deep[:-1])
+    tree = schema({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})  # the root
+    assert tree.accepts(b'{"kids": [{}, {"kids": [{"kids": []}]}]}') and not tree.accepts(b'{"kids": [1]}')
+    odd = schema({"$defs": {"a/b": {"type": "integer"}, "c%d": {"const": "x"}},
+                  "type": "array", "items": {"anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c%25d"}]}})
+    assert odd.accepts(b'[1, "x"]') and not odd.accepts(b'["y"]')
+    shared = compile_schema({"$defs": {"A": {"type": "string", "maxLength": 1}}, "type": "object",
+                             "properties": {"x": {"$ref": "#/$defs/A"}, "y": {"$ref": "#/$defs/A"}}})
+    assert shared.props[b'"x"'] is shared.props[b'"y"']  # compiled once
+
+
+def test_what_cannot_finish_is_never_started():
+    """A recursive $ref can make a branch no finite value comes out of: it is pruned, so that the automaton
+    never enters a state it cannot complete."""
+    endless = {"type": "object", "properties": {"x": {"$ref": "#/$defs/inf"}}, "required": ["x"]}
+    g = schema({"$defs": {"inf": endless}, "type": "array",
+                "items": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/inf"}]}})
+    assert g.accepts(b"[null, null]") and not g.accepts_prefix(b"[{")
+    g = schema({"$defs": {"inf": endless}, "type": "object", "properties": {"a": {"$ref": "#/$defs/inf"},
+                                                                           "b": {"type": "null"}}})
+    assert g.accepts(b'{"b": null}') and not g.accepts_prefix(b'{"a')
+    g = schema({"$defs": {"inf": endless}, "type": "array", "items": {"$ref": "#/$defs/inf"}})
+    assert g.accepts(b"[]") and not g.accepts_prefix(b"[{")
+    with pytest.raises(SchemaError) as e:
+        compile_schema({"$defs": {"inf": endless}, "$ref": "#/$defs/inf"})
+    assert "finite" in str(e.value)
+
+
+@pytest.mark.parametrize("bad, word", [
+    ({"$ref": "https://example.com/s.json"}, "remote"), ({"$ref": "other.json#/a"}, "remote"),
+    ({"$ref": "#node"}, "anchors"), ({"$ref": "#/$defs/missing"}, "points to nothing"), ({"$ref": 3}, "string"),
+    ({"$ref": "#"}, "left recursion"), ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"},
+                                        {"type": "null"}]}}, "$ref": "#/$defs/a"}, "left recursion"),
+    ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "minimum": 3}, "next to 'minimum'"),
+    ({"$defs": {"a": {"type": "string", "pattern": "(?=x)"}}, "$ref": "#/$defs/a"}, "#/$defs/a"),
+])
+def test_bad_refs_are_refused(bad, word):
+    with pytest.raises(SchemaError) as e:
+        compile_schema(bad)
+    assert word in str(e.value) and "\n" not in str(e.value)
+
+
+def test_enum_keeps_the_values_the_rest_of_the_schema_accepts():
+    assert schema({"type": "string", "enum": ["a", "bb", 1], "maxLength": 1}).root.values == (b'"a"',)
+    g = schema({"type": "integer", "enum": [1, 5, 12, "x"], "minimum": 2, "maximum": 9})
+    assert g.accepts(b"5") and not g.accepts(b"1") and not g.accepts(b"12")
+    assert schema({"type": "string", "format": "date", "const": "2024-01-01"}).accepts(b'"2024-01-01"')
+    with pytest.raises(SchemaError):
+        compile_schema({"type": "string", "pattern": "^a", "enum": ["b"]})
+
+
 def test_parse_request_response_format():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert parse_request(dict(body, response_format={"type": "text"}), "chat", 8).response_format is None
@@ -126,7 +229,8 @@ def test_parse_request_response_format():
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
     req = parse_request(dict(body, response_format=fmt), "chat", 8)
     assert req.response_format is grammar(PERSON)  # compiled once: requests share its masks
-    for bad in ({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "a"}}},
+    backref = {"type": "string", "pattern": "(a)\\1"}
+    for bad in ({"type": "json_schema", "json_schema": {"name": "p", "schema": backref}},
                 {"type": "json_schema", "json_schema": {"schema": {}}}, {"type": "xml"}, "json", 3):
         with pytest.raises(RequestError) as e:
             parse_request(dict(body, response_format=bad), "chat", 8)

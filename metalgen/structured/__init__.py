@@ -1,8 +1,9 @@
 """Structured output: JSON (any object, or a JSON-schema subset) by constrained decoding (docs/serve.md).
 
 `compile_schema` / `json_object` (schema.py) give grammar nodes, `Grammar` (automaton.py) their byte-level
-pushdown automaton, `TokenIndex` (vocab.py) the token mask of an automaton state, and `JsonConstraint`
-(processor.py) the logits processor that applies it during generation."""
+pushdown automaton (with regex.py's DFAs for `pattern` / `format` and numbers.py's digit-by-digit bounds),
+`TokenIndex` (vocab.py) the token mask of an automaton state, and `JsonConstraint` (processor.py) the logits
+processor that applies it during generation."""
 
 import collections
 import json

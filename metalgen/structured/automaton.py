@@ -13,6 +13,12 @@ Whitespace: none, except one optional space after `:` and `,` (`{"a": 1, "b": [1
 pad forever and multiply the states (and masks) for nothing. Numbers are bounded (15 integer digits, 15
 fraction digits, 3 exponent digits): longer ones lose precision in most readers, and a model stuck on
 digits must come to an end.
+
+A string with a `pattern` or `format` also runs its DFA (regex.py) over the decoded bytes: a raw byte
+goes to it as is, a short escape (`\\n`, `\\"`, ...) as the byte it stands for, and `\\u` escapes are not
+taken (the DFA has no path through a character that needs one); a byte is taken only if the DFA can still
+accept within the string's length bounds. A number with bounds (numbers.py) is written without an
+exponent, its digits checked against the bounds' as they come.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ _ESCAPES = frozenset(b'"\\/bfnrt')
 _DIGITS = frozenset(b"0123456789")
 _MAX_INT, _MAX_FRAC, _MAX_EXP = 15, 15, 3
 _NUM_DONE = frozenset("ZIFX")  # number phases that are a complete number
+# a short escape's letter -> the byte it stands for (what a string's DFA reads)
+_SHORT = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
 
 
 def _start(node: Node, out: list) -> None:
@@ -45,9 +53,10 @@ def _start(node: Node, out: list) -> None:
     elif isinstance(node, Arr):
         out.append((_A, node, 0, -1))
     elif isinstance(node, Str):
-        out.append((_S, -1 if node.hi is None else node.hi, node.lo, -1))
+        dfa = node.dfa
+        out.append((_S, -1 if node.hi is None else node.hi, node.lo, -1, dfa, 0 if dfa is None else dfa.start))
     elif isinstance(node, Num):
-        out.append((_N, node.integer, "S", 0))
+        out.append((_N, node.integer, "S", 0) if node.bounds is None else (_N, node.bounds, None))
     else:
         out.append((_L, node.values, 0))
 
@@ -71,51 +80,73 @@ def _done(rest: tuple, result) -> tuple:
 
 def _char(frame: tuple, sub) -> Optional[tuple]:
     """A string frame after the start of one more character (None: past maxLength)."""
-    _, left, need, _ = frame
+    left, need = frame[1], frame[2]
     if left == 0:
         return None
-    return (_S, left - 1 if left > 0 else -1, need - 1 if need > 0 else 0, sub)
+    return (_S, left - 1 if left > 0 else -1, need - 1 if need > 0 else 0, sub) + frame[4:]
 
 
 def _string(frame: tuple, rest: tuple, b: int) -> list:
-    sub = frame[3]
+    # frame: (_S, characters still allowed (-1: any), characters still needed, sub, dfa or None, DFA state)
+    _, left, need, sub, dfa, d = frame
     if sub == 0:
         if b == _QUOTE:
-            return [_done(rest, None)] if frame[2] == 0 else []
+            return [_done(rest, None)] if need == 0 and (dfa is None or dfa.accept[d]) else []
         if b == _BSLASH:
             f = _char(frame, 1)
+            if f is not None and dfa is not None:  # some short escape must keep the pattern matchable
+                row = dfa.trans[d]
+                if not any(dfa.feasible(row[x], f[2], f[1]) for x in _SHORT.values()):
+                    return []
         elif b < 0x20:
             return []  # raw control characters are not allowed in JSON strings
-        elif b < 0x80:
-            f = _char(frame, 0)
-        elif 0xC2 <= b <= 0xDF:
-            f = _char(frame, (0x80, 0xBF, 0))
-        elif b == 0xE0:
-            f = _char(frame, (0xA0, 0xBF, 1))  # no overlong 3-byte forms
-        elif b == 0xED:
-            f = _char(frame, (0x80, 0x9F, 1))  # no UTF-16 surrogates
-        elif 0xE1 <= b <= 0xEF:
-            f = _char(frame, (0x80, 0xBF, 1))
-        elif b == 0xF0:
-            f = _char(frame, (0x90, 0xBF, 2))
-        elif 0xF1 <= b <= 0xF3:
-            f = _char(frame, (0x80, 0xBF, 2))
-        elif b == 0xF4:
-            f = _char(frame, (0x80, 0x8F, 2))  # nothing past U+10FFFF
         else:
-            return []
+            if b < 0x80:
+                utf8 = 0
+            elif 0xC2 <= b <= 0xDF:
+                utf8 = (0x80, 0xBF, 0)
+            elif b == 0xE0:
+                utf8 = (0xA0, 0xBF, 1)  # no overlong 3-byte forms
+            elif b == 0xED:
+                utf8 = (0x80, 0x9F, 1)  # no UTF-16 surrogates
+            elif 0xE1 <= b <= 0xEF:
+                utf8 = (0x80, 0xBF, 1)
+            elif b == 0xF0:
+                utf8 = (0x90, 0xBF, 2)
+            elif 0xF1 <= b <= 0xF3:
+                utf8 = (0x80, 0xBF, 2)
+            elif b == 0xF4:
+                utf8 = (0x80, 0x8F, 2)  # nothing past U+10FFFF
+            else:
+                return []
+            f = _char(frame, utf8)
+            if f is not None and dfa is not None:
+                t = dfa.trans[d][b]
+                if not dfa.feasible(t, f[2], f[1]):
+                    return []
+                f = f[:5] + (t,)
         return [] if f is None else [rest + (f,)]
     if sub == -1:
-        return [rest + (frame[:3] + (0,),)] if b == _QUOTE else []
+        return [rest + ((_S, left, need, 0, dfa, d),)] if b == _QUOTE else []
     if sub == 1:  # after a backslash
         if b in _ESCAPES:
-            return [rest + (frame[:3] + (0,),)]
-        return [rest + (frame[:3] + (("u", 0, 0),),)] if b == 0x75 else []
+            if dfa is not None:
+                d = dfa.trans[d][_SHORT[b]]
+                if not dfa.feasible(d, need, left):
+                    return []
+            return [rest + ((_S, left, need, 0, dfa, d),)]
+        if b != 0x75 or dfa is not None:  # (a string with a pattern takes no \u escapes)
+            return []
+        return [rest + ((_S, left, need, ("u", 0, 0), dfa, d),)]
     kind = sub[0]
     if isinstance(kind, int):  # UTF-8 continuation bytes pending: (lo, hi, more after this one)
         if not sub[0] <= b <= sub[1]:
             return []
-        return [rest + (frame[:3] + ((0x80, 0xBF, sub[2] - 1) if sub[2] else 0,),)]
+        if dfa is not None:
+            d = dfa.trans[d][b]
+            if not dfa.feasible(d, need, left):
+                return []
+        return [rest + ((_S, left, need, (0x80, 0xBF, sub[2] - 1) if sub[2] else 0, dfa, d),)]
     if kind == "u":  # \u escape, `k` hex digits read; flag "d": the first was d, "H": a high surrogate
         _, k, flag = sub
         if b not in _HEX:
@@ -131,17 +162,33 @@ def _string(frame: tuple, rest: tuple, b: int) -> list:
             nxt = ("L", 0) if flag == "H" else 0
         else:
             nxt = ("u", k + 1, flag)
-        return [rest + (frame[:3] + (nxt,),)]
+        return [rest + ((_S, left, need, nxt, dfa, d),)]
     # "L": the low surrogate that must follow a high one: \ u d [c-f] hex hex
     k = sub[1]
     ok = (b == _BSLASH if k == 0 else b == 0x75 if k == 1 else (b | 0x20) == 0x64 if k == 2
           else 0x63 <= (b | 0x20) <= 0x66 if k == 3 else b in _HEX)
     if not ok:
         return []
-    return [rest + (frame[:3] + (("L", k + 1) if k < 5 else 0,),)]
+    return [rest + ((_S, left, need, ("L", k + 1) if k < 5 else 0, dfa, d),)]
+
+
+def _bounded(frame: tuple, rest: tuple, b: int) -> list:
+    """A number with bounds: (_N, Bounds, its state, None before the first byte)."""
+    _, bounds, st = frame
+    if st is None:
+        nxt = bounds.sign() if b == 0x2D else bounds.step(bounds.begin(1), b)
+    else:
+        nxt = bounds.step(st, b)
+    if nxt is not None:
+        return [rest + ((_N, bounds, nxt),)]
+    if st is not None and rest and bounds.done(st):  # the number ended before this byte: its parent reads it
+        return _advance(_done(rest, None), b)
+    return []
 
 
 def _number(frame: tuple, rest: tuple, b: int) -> list:
+    if len(frame) == 3:
+        return _bounded(frame, rest, b)
     _, integer, phase, n = frame
     digit = b in _DIGITS
     nxt = None
@@ -206,7 +253,7 @@ def _object(frame: tuple, rest: tuple, b: int) -> list:
         return [rest + (frame, (_L, keys, 1))] if keys else []
     if node.extra is None:
         return []
-    return [rest + (frame, (_S, -1, 0, 0))]
+    return [rest + (frame, (_S, -1, 0, 0, None, 0))]
 
 
 def _more_keys(node: Obj, seen: frozenset) -> bool:
@@ -265,6 +312,8 @@ def _complete(stack: tuple) -> bool:
         return False
     frame = stack[0]
     if frame[0] == _N:
+        if len(frame) == 3:
+            return frame[2] is not None and frame[1].done(frame[2])
         return frame[2] in _NUM_DONE
     return frame[0] == _L and any(len(v) == frame[2] for v in frame[1])
 
@@ -321,20 +370,20 @@ class Grammar:
         return self.feed(self.start, text) is not None
 
     @staticmethod
-    def string_run(state: State) -> Optional[int]:
-        """If every stack is inside a string between characters (no escape or UTF-8 sequence pending),
-        the most characters it may still take (-1: unbounded); else None. Tokens of plain string bytes
-        (no quote, backslash or control byte, whole UTF-8 characters) are then allowed without a walk."""
-        most = None
+    def string_frames(state: State) -> Optional[list]:
+        """If every stack is inside a string between characters (no escape or UTF-8 sequence pending), their
+        (characters still allowed (-1: any), characters still needed, DFA or None, DFA state); else None.
+        Tokens of plain string bytes (no quote, backslash or control byte, whole UTF-8 characters) keep such
+        a stack in its string: their masks then come without a walk (vocab.py)."""
+        out = []
         for stack in state:
             if not stack:
                 return None
             frame = stack[-1]
             if frame[0] != _S or frame[3] != 0:
                 return None
-            left = frame[1]
-            most = left if most is None else (-1 if -1 in (most, left) else max(most, left))
-        return most
+            out.append((frame[1], frame[2], frame[4], frame[5]))
+        return out
 
 
 _ENDED: State = frozenset([()])

@@ -8,7 +8,9 @@ and skips a whole subtree at the first byte refused. Two things keep that to a f
   vocabulary is allowed, and a walk would visit all of it. Tokens of "plain" string bytes (no quote,
   backslash or control byte, whole UTF-8 characters) keep any such state where it is, so they come from
   a precomputed boolean array (and their character counts, for maxLength), and only the other tokens
-  (about 6,000 of Qwen's 151,643) are walked, in a trie of their own;
+  (about 6,000 of Qwen's 151,643) are walked, in a trie of their own. In a string with a pattern or
+  format the plain tokens move its DFA (regex.py), so the DFA is run over all of them at once (numpy, a
+  gather per byte position) and its end states checked against the characters left;
 * masks are memoized by state (states are hashable): a free string, or the same place in a schema,
   makes the same mask, so most steps look one up.
 """
@@ -114,6 +116,16 @@ class TokenIndex:
         self.chars = chars  # plain tokens' character counts, -1 for the others
         self.plain = chars >= 0
         self.irregular = _Trie(irregular)
+        # the plain tokens longest first, and their bytes by position (column i: those longer than i), for
+        # running a string's DFA over all of them at once
+        plain = sorted(((b, i) for b, i in items if chars[i] >= 0), key=lambda x: -len(x[0]))
+        self.plain_ids = np.array([i for _, i in plain], np.int64)
+        self.plain_chars = chars[self.plain_ids]
+        lengths = np.array([len(b) for b, _ in plain], np.int64)
+        flat = np.frombuffer(b"".join(b for b, _ in plain), np.uint8)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self.columns = [flat[starts[:int((lengths > k).sum())] + k].astype(np.int32)
+                        for k in range(int(lengths.max(initial=0)))]
         self.eos_mask = np.zeros(vocab_size, bool)  # after the EOS: EOS alone (a step already enqueued)
         self.eos_mask[self.eos_ids] = True
         self._masks: "collections.OrderedDict" = collections.OrderedDict()
@@ -156,13 +168,16 @@ class TokenIndex:
         if grammar.must_end(state):
             mask = np.zeros(self.vocab_size, bool)
         else:
-            run = grammar.string_run(state)
-            if run is None:
-                mask = np.zeros(self.vocab_size, bool)
+            frames = grammar.string_frames(state)
+            mask = np.zeros(self.vocab_size, bool)
+            if frames is None:
                 self.trie.walk(grammar, state, ids)
-            else:  # inside a string: plain tokens that fit, and a walk of the others
-                mask = self.plain if run < 0 else (self.plain & (self.chars <= run))
-                mask = mask.copy()
+            else:  # inside a string: plain tokens that fit (and keep its pattern matchable), a walk of the others
+                for left, need, dfa, d in frames:
+                    if dfa is None:
+                        mask |= self.plain if left < 0 else (self.plain & (self.chars <= left))
+                    else:
+                        mask[self.plain_ids[self._pattern(dfa, d, need, left)]] = True
                 self.irregular.walk(grammar, state, ids)
             mask[np.array(ids, np.int64)] = True
         if grammar.can_end(state) or not mask.any():
@@ -170,6 +185,21 @@ class TokenIndex:
             # sample from nothing
             mask[self.eos_ids] = True
         return mask
+
+    def _pattern(self, dfa, d: int, need: int, left: int) -> np.ndarray:
+        """Boolean over `plain_ids`: the plain tokens after which a string at DFA state d (between
+        characters, `need` / `left` characters to go) can still match: the DFA run over all of them at once,
+        then its state checked against the characters left."""
+        table = dfa.table()
+        s = np.full(self.plain_ids.size, d, np.int32)
+        for col in self.columns:
+            k = col.size
+            s[:k] = table[s[:k] * 256 + col]
+        chars = self.plain_chars
+        after_need = np.maximum(need - chars, 0)
+        after_left = np.full(chars.size, -1, np.int64) if left < 0 else left - chars
+        ok = dfa.feasible_many(s, after_need, after_left)
+        return ok if left < 0 else ok & (after_left >= 0)
 
 
 _INDEXES: Dict[Tuple[int, int], Tuple[object, TokenIndex]] = {}
