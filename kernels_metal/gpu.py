@@ -22,7 +22,8 @@ from . import source as S
 # with at most GEMV_MAX_ROWS rows of x use the GEMV kernels, larger ones mx.matmul /
 # mx.quantized_matmul.
 GEMV_MAX_ROWS = 4
-# Measured on an H200 with MLX 0.32.4 (benchmarks/kernels_h200_run2_dispatch.txt): the dense
+# Measured on an H200 with MLX 0.32.4
+# (benchmarks/results/kernels_h200_2026-11-21/kernels_h200_run2_dispatch.txt): the dense
 # bf16 GEMV never beat mx.matmul (MLX's own GEMV path costs ~7 us against ~13 us for any
 # mx.fast.cuda_kernel call), so dense products stay on mx.matmul; the quantized GEMV beats
 # mx.quantized_matmul at 3-4 rows on matrices of >= 16M weights (51 vs 64 us at 2560x9728 q4,
@@ -52,7 +53,8 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # rms_norm 15-40 us vs mx.fast.rms_norm 5-10, rope 31-46 vs mx.fast.rope 8-16 (always lose);
 # decode attention 39-83 vs SDPA 6-28 up to 4k context, a tie at 32k with G=2 (99.8 vs 101.9)
 # and a win at 32k with G=4 (144 vs 161); the sampler 61-145 vs 313-680 for its MLX form
-# (always wins); M-RoPE has no built-in. benchmarks/kernels_h200_run1.txt holds the figures.
+# (always wins); M-RoPE has no built-in.
+# benchmarks/results/kernels_h200_2026-11-21/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
 ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
                            "gated_delta", "gated_delta_conv_step", "kv_store"})

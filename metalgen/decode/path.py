@@ -53,7 +53,8 @@ CHECK_RTOL_SPARSE_HYBRID = 0.9
 # bf16 and 4-bit, H200 2026-11-24): docs/decode.md, "Auto: a rule".
 AUTO_MEGAKERNEL = {"cuda"}
 # Shapes (auto_shape_key) where version 2 of the decode body is tried first (then version 1 if its
-# self-check fails). Empty: on the H200 (benchmarks/decode_h200_final.txt) version 2 measured
+# self-check fails). Empty: on the H200
+# (benchmarks/results/decode_h200_2026-11-22/decode_h200_final.txt) version 2 measured
 # within run-to-run noise of version 1 (820 vs 793 tok/s on qwen2.5-0.5b, 654 vs 643 on
 # qwen3-0.6b, 226 vs 228 on qwen3-4b), and its qwen2.5-0.5b error vs plain was 0.0208 (v1 0.0197).
 AUTO_V2 = {
