@@ -260,6 +260,7 @@ def _same(got, want):
     ("s1_en_cfg_cached", None),
     ("s1_en_nocfg_cached", None),
     ("s2_en_cfg_cached", None),
+    ("s2_en_nocfg_cached", None),
 ])
 def test_greedy_codes_match_do_tts(ref, key, n_chunks):
     got, records, want, chunks = _run(ref, key, n_chunks)

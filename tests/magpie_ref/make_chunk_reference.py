@@ -215,7 +215,7 @@ def main(out: Path):
     s2 = MagpieTTSModel.restore_from(str(build_magpie(out, codec_path, stacked=True)), map_location="cpu").eval()
     s2.inference_parameters.max_decoder_steps = MAX_STEPS
     generation(s2, "s2", {"en_cfg": ("en", True, False), "en_nocfg": ("en", False, False),
-                          "en_cfg_cached": ("en", True, True)}, arrays, meta)
+                          "en_cfg_cached": ("en", True, True), "en_nocfg_cached": ("en", False, True)}, arrays, meta)
 
     np.savez(out / "chunk.npz", **arrays)
     (out / "chunk.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1, default=str))
