@@ -234,3 +234,20 @@ def test_the_serve_command_loads_magpie(monkeypatch, capsys):
         assert r.status_code == 200 and len(r.content) > 0 and len(r.content) % (2 * SPF) == 0
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--codec", "codec.nemo"]) == 1
     assert capsys.readouterr().err.strip().endswith("error: --codec is for a Magpie TTS model")
+
+
+def test_long_text_is_checked_per_sentence(served):
+    # three sentences of ~200 text tokens: past the encoder's 512 positions together, within them one by
+    # one (with the 20 history tokens a later chunk carries), so it is spoken chunk by chunk; the audio
+    # is synthesize's for the same seed
+    url, tts, engine = served
+    text = " ".join(["hello " * 33 + "there."] * 3)
+    chunks = tts.encode_chunks(text, "en")
+    assert len(chunks) == 3 and sum(map(len, chunks)) > 512 and max(map(len, chunks)) + 20 <= 512
+    r = httpx.post(url + "/v1/audio/speech", timeout=60,
+                   json=dict(model=NAME, voice="Sofia", input=text, response_format="pcm", seed=2))
+    assert r.status_code == 200, r.text
+    got = np.frombuffer(r.content, "<i2")
+    wav, _ = tts.synthesize(text, "en", "Sofia", seed=2, max_frames=FRAMES)
+    np.testing.assert_allclose(got, int16(wav), atol=1)
+    assert got.shape[0] > FRAMES * SPF  # more than one chunk's frame cap: every sentence was spoken
