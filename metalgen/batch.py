@@ -74,20 +74,34 @@ class _Row:
     done: bool = False  # finished or removed: leaves the batch at the next step
     ids: List[int] = dataclasses.field(default_factory=list)  # the prompt's ids, then each token read back
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
+    key: Tuple[int, ...] = ()  # the prompt's ids: rows waiting with equal keys share one prefill
 
 
 @dataclasses.dataclass(eq=False)
 class _Prefill:
-    """Arrivals being prefilled together, a chunk a step, in a batched cache of their own until done."""
+    """Arrivals being prefilled together, a chunk a step, in a batched cache of their own until done. Rows
+    with the same prompt (a request's `n` choices) are fed once: `rows` are the prompts fed, one cache row
+    each, and twins[g] the other rows with rows[g]'s prompt, which get a copy of its cache row and its last
+    logits when the prefill ends."""
 
     rows: List[_Row]
     ids: mx.array  # (G, T) int32: each row's prompt, left-padded to the longest (T) with id 0
     cache: List[BatchKVCache]  # per layer: G rows, padding as in `ids`, columns 0 .. fed - 1 written
     fed: int = 0  # columns of `ids` in the cache
+    twins: List[List[_Row]] = dataclasses.field(default_factory=list)  # per row of `rows`
+
+    def __post_init__(self):
+        if not self.twins:
+            self.twins = [[] for _ in self.rows]
 
     @property
     def padding(self) -> List[int]:
         return self.cache[0].padding
+
+    @property
+    def members(self) -> List[_Row]:
+        """Every row joining with this group: those fed and their twins."""
+        return self.rows + [t for ts in self.twins for t in ts]
 
 
 def check_batchable(model) -> None:
@@ -127,6 +141,7 @@ class BatchGenerator:
         # prefilled) and finished sequence goes; None: every prompt is prefilled whole
         self.prefix_cache = prefix_cache
         self.steps = 0
+        self.prefilled = 0  # prompt tokens fed so far (padding, cached prefixes and shared prompts not counted)
         self.context = model.spec.max_position_embeddings
         self._uids = itertools.count()
         self._greedy = make_sampler()
@@ -167,21 +182,21 @@ class BatchGenerator:
             raise MetalgenError(f"top logprobs must be in 0..{vocab}, got {top_logprobs}")
         row = _Row(next(self._uids), mx.array(ids, mx.int32), min(max_tokens, self.context - len(ids)), sampler,
                    list(logits_processors), frozenset(int(t) for t in stop_token_ids), int(top_logprobs),
-                   ids=[int(t) for t in ids])
+                   ids=[int(t) for t in ids], key=tuple(int(t) for t in ids))
         self.waiting.append(row)
         return row.uid
 
     def remove(self, uid: int) -> None:
         """Cancel a sequence: it leaves at the next step and reports no more tokens (unknown uids: no-op)."""
         self.waiting = collections.deque(r for r in self.waiting if r.uid != uid)
-        for r in self.rows + (self.prefilling.rows if self.prefilling else []):
+        for r in self.rows + (self.prefilling.members if self.prefilling else []):
             if r.uid == uid:
                 r.done = True  # a prefilling row leaves its group at the next step
 
     @property
     def joining(self) -> int:
         """Sequences inserted that are not in the batch yet: waiting, or being prefilled."""
-        return len(self.waiting) + (sum(not r.done for r in self.prefilling.rows) if self.prefilling else 0)
+        return len(self.waiting) + (sum(not r.done for r in self.prefilling.members) if self.prefilling else 0)
 
     @property
     def busy(self) -> bool:
@@ -249,6 +264,7 @@ class BatchGenerator:
         width = max(1, self.prefill_step_size // G)
         start, end = group.fed, min(T, group.fed + width)
         chunk = group.ids[:, start:end]  # (G, C)
+        self.prefilled += sum(max(0, end - max(start, p)) for p in group.padding)  # real tokens, not padding
         with self.tracer.span("prefill", rows=G, tokens=G * (end - start), sync=False):
             # a layer at a time, as generate.prefill feeds a prompt's chunks: a whole-stack graph would keep
             # every layer's temporaries until the device reaches them
@@ -259,13 +275,23 @@ class BatchGenerator:
                 return
             # rows are left-padded: the last column is every row's last prompt token
             logits = self.model.logits(h[:, -1, :])  # (G, hidden) -> (G, vocab)
-        tokens, logprobs = self._first_tokens(logits, group.rows)
         if self.prefix_cache is not None:  # their prompts now: arrivals sharing them need not wait for the end
             for g, row in enumerate(group.rows):
                 self._store(group.cache, g, row.ids)
+        rows, cache = group.rows, group.cache
+        if any(group.twins):
+            # each twin joins with a copy of its prompt's cache row and the same last logits; the rows in the
+            # order they were inserted, as without sharing
+            pairs = sorted(((r, g) for g, row in enumerate(group.rows) for r in [row] + group.twins[g]),
+                           key=lambda pair: pair[0].uid)
+            rows = [r for r, _ in pairs]
+            at = [g for _, g in pairs]
+            logits = logits[mx.array(at, mx.int32)]
+            cache = filter_caches(cache, at)  # row copies (and no left column all padding)
+        tokens, logprobs = self._first_tokens(logits, rows)
         self.prefilling = None
-        self.cache = extend_caches(self.cache, group.cache)
-        self.rows += group.rows
+        self.cache = extend_caches(self.cache, cache)
+        self.rows += rows
         if self.tokens is None:
             self.tokens, self.logprobs = tokens, logprobs
         else:
@@ -283,8 +309,11 @@ class BatchGenerator:
         pass is compute-bound, grouping gains little, and padding would add steps (each one delaying the
         running batch) and make a short prompt wait for a long one's prefill. A prompt left out keeps its
         place in the queue and, the oldest always going, is not passed over for long. With a prefix cache,
-        the lengths weighed are what is left to prefill of each prompt past its longest cached prefix."""
-        room = min(self.prefill_batch, self.max_batch - len(self.rows))
+        the lengths weighed are what is left to prefill of each prompt past its longest cached prefix.
+        A waiting prompt equal to one picked (a request's `n` choices) joins as its twin: it costs no prefill
+        and no place among the `prefill_batch`, only its row of the batch, and gets a copy of the other's KV."""
+        room = self.max_batch - len(self.rows)  # rows, twins included
+        cap = min(self.prefill_batch, room)  # prompts fed
         if not self.waiting or room < 1:
             return None
         held: Dict[int, int] = {}  # id(row) -> the leading ids of its prompt the prefix cache holds
@@ -296,16 +325,26 @@ class BatchGenerator:
             return n - held[id(row)]
 
         picked = [self.waiting[0]]
+        twins: Dict[Tuple[int, ...], List[_Row]] = {picked[0].key: []}  # by prompt: the rows sharing its prefill
+        taken_rows = 1
         longest = real = to_feed(self.waiting[0])
         for row in itertools.islice(self.waiting, 1, None):
-            if len(picked) == room:
+            if taken_rows == room:
                 break
+            if row.key in twins:
+                twins[row.key].append(row)
+                taken_rows += 1
+                continue
+            if len(picked) == cap:
+                continue  # only twins of the picked prompts may still join
             n = to_feed(row)
             padded = (len(picked) + 1) * max(longest, n)
             if padded <= self.prefill_step_size or 4 * (padded - real - n) <= padded:
                 picked.append(row)
+                twins[row.key] = []
+                taken_rows += 1
                 longest, real = max(longest, n), real + n
-        taken = set(map(id, picked))
+        taken = set(map(id, picked)) | {id(t) for ts in twins.values() for t in ts}
         self.waiting = collections.deque(r for r in self.waiting if id(r) not in taken)
         T = max(len(r.ids) for r in picked)
         padding = [T - len(r.ids) for r in picked]
@@ -313,7 +352,10 @@ class BatchGenerator:
         ids = mx.stack([mx.concatenate([mx.zeros((p,), mx.int32), r.prompt]) if p else r.prompt
                         for r, p in zip(picked, padding)])
         cache, fed = self._start_cache(picked, padding, [held[id(r)] for r in picked])
-        return _Prefill(picked, ids, cache, fed)
+        for row in picked:
+            for twin in twins[row.key]:
+                twin.cached = row.cached
+        return _Prefill(picked, ids, cache, fed, [twins[r.key] for r in picked])
 
     def _start_cache(self, rows: List[_Row], padding: List[int], held: List[int]) -> Tuple[List[BatchKVCache], int]:
         """The per-layer caches a group starts from, and the columns of its ids they hold. Rows are
@@ -348,9 +390,14 @@ class BatchGenerator:
 
     def _drop_cancelled(self, group: _Prefill) -> Optional[_Prefill]:
         """The group without its removed rows (None if none is left), and without the left columns that are
-        padding in every row kept."""
-        keep = [i for i, r in enumerate(group.rows) if not r.done]
+        padding in every row kept. A prompt fed is kept while it or a twin is; a twin takes a removed row's
+        place."""
+        slots = [[r for r in [row] + ts if not r.done] for row, ts in zip(group.rows, group.twins)]
+        keep = [i for i, live in enumerate(slots) if live]
         if len(keep) == len(group.rows):
+            if any(len(live) <= len(ts) for live, ts in zip(slots, group.twins)):  # a member left
+                group.rows = [live[0] for live in slots]
+                group.twins = [live[1:] for live in slots]
             return group
         if not keep:
             return None
@@ -362,7 +409,7 @@ class BatchGenerator:
             cache, fed = [BatchKVCache.empty([p - shared for p in padding]) for _ in group.cache], 0
         else:
             cache, fed = filter_caches(group.cache, keep), group.fed - shared  # drops the `shared` columns
-        return _Prefill([group.rows[i] for i in keep], ids, cache, fed)
+        return _Prefill([slots[i][0] for i in keep], ids, cache, fed, [slots[i][1:] for i in keep])
 
     def _store(self, cache: List[BatchKVCache], b: int, ids: List[int]) -> None:
         """Give the prefix cache row b of the per-layer caches `cache`, which holds the KV of `ids` from its

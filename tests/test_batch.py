@@ -455,3 +455,47 @@ def test_concurrent_requests_share_a_system_prompt_while_the_first_runs():
     # each sequence's tokens fed (the first row's last one never is, the others' were, ahead of the step that
     # read them: the first row went on), the shared system prompt once
     assert cache.match(system) == 40 and cache.tokens == 40 + 3 * 5 + 11 + 2 * 6
+
+
+def test_rows_with_one_prompt_share_its_prefill():
+    """A request's n choices: the same 20-token prompt inserted three times (seeds 0, 1, 2), another prompt
+    between them, chunks of 16 tokens: the prompt is fed once, as one row (16 and 4 columns; then the other
+    prompt's 6), the twins join with copies of its KV and last logits, and each row gets what it gets alone.
+    With the prompt in the prefix cache, three choices of a longer one are fed its 3 new tokens once; a twin
+    takes the place of the fed row removed mid-prefill. A group all removed ends."""
+    from metalgen.prefix_cache import PrefixCache
+
+    model = tiny_model(BATCH_CONFIGS["qwen2"])
+    rng = np.random.default_rng(12)
+    prompt, other = rng.integers(0, 512, 20).tolist(), rng.integers(0, 512, 6).tolist()
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=16, prefix_cache=PrefixCache(1 << 24), tracer=Tracer(buf))
+    uids = [gen.insert(prompt, 5, make_sampler(1.0, seed=i)) for i in range(2)]
+    uids += [gen.insert(other, 5), gen.insert(prompt, 5, make_sampler(1.0, seed=2))]
+    assert gen.step() == [] and gen.joining == 4
+    got = collect(steps(gen))
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(1, 16), (1, 4), (1, 6)]
+    assert gen.prefilled == 20 + 6
+    for i, u in enumerate(uids[:2] + uids[3:]):
+        check_alone(model, got[u], prompt, 5, seed=i)
+        assert got[u][0].cached_tokens == 0
+    check_alone(model, got[uids[2]], other, 5)
+    assert len({tuple(r.token for r in got[u]) for u in uids}) == 4
+
+    # the prompt held by the prefix cache now: twins share the cached prefix and its last token's feed
+    gen.prefill_step_size = 2
+    fed = gen.prefilled
+    late = [gen.insert(prompt + [7, 8, 9], 3, make_sampler(1.0, seed=i)) for i in range(3)]
+    got = collect(steps(gen, {1: lambda g: g.remove(late[0])}))
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")][-2:] == [(1, 2), (1, 1)]
+    assert gen.prefilled - fed == 3 and late[0] not in got
+    for i, u in enumerate(late[1:], start=1):
+        check_alone(model, got[u], prompt + [7, 8, 9], 3, seed=i)
+        assert got[u][0].cached_tokens == 20
+
+    gen.prefill_step_size = 4
+    twins = [gen.insert(other + other, 3) for _ in range(2)]
+    assert gen.step() == [] and gen.joining == 2
+    for u in twins:
+        gen.remove(u)
+    assert not gen.busy and gen.step() == [] and gen.prefilling is None

@@ -151,6 +151,51 @@ def test_n_choices_are_the_seeded_single_answers(client):
     assert sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason) == [0, 1, 2]
 
 
+def test_n_choices_prefill_the_prompt_once(served, client):
+    """n=3 feeds the prompt through the model once (the engine's prefilled_tokens): batched, the three rows
+    share one prefill; one at a time, each later choice starts from the prompt's KV the one before left, and
+    only the prompt's last token is fed again (its logits give the choice's first token). Each choice's
+    tokens are those of an n=1 request with its seed; streamed, each chunk carries its choice's index."""
+    url, _, tok, engine = served
+    prompt = "Three choices of one prompt, long enough that feeding it three times would show: " * 3
+    n_ids = len(tok.encode(prompt))
+    kw = dict(model=NAME, prompt=prompt, max_tokens=5, temperature=1.0, logprobs=0)
+    extra = 0 if engine.max_batch > 1 else 2  # one at a time: the last prompt token, again for choices 1, 2
+
+    def fed(**more):
+        before = httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"]
+        r = client.completions.create(**kw, **more)
+        after = httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"]
+        return r, after - before
+
+    r, delta = fed(n=3, seed=21)
+    cached = r.usage.prompt_tokens_details.cached_tokens  # what an earlier request's prompt shares with it
+    assert r.usage.prompt_tokens == n_ids and cached < 10 < n_ids
+    assert delta == n_ids - cached + extra
+    alone = []
+    for i in range(3):
+        one, delta = fed(seed=21 + i)
+        assert delta == 1  # held (the reused cache or the prefix cache): its last token is fed again
+        alone.append(one.choices[0].logprobs.tokens)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.logprobs.tokens for c in r.choices] == alone and len(set(map(tuple, alone))) == 3
+    # streamed, with a prompt not held yet
+    kw["prompt"] = "Streamed: " + prompt
+    before = httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"]
+    chunks = list(client.completions.create(n=3, seed=21, stream=True, stream_options={"include_usage": True}, **kw))
+    delta = httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"] - before
+    cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
+    chunks = chunks[:-1]
+    streamed = [[], [], []]
+    for c in chunks:
+        if c.choices[0].logprobs:
+            streamed[c.choices[0].index] += c.choices[0].logprobs.tokens
+    want = [client.completions.create(seed=21 + i, **kw).choices[0].logprobs.tokens for i in range(3)]
+    assert streamed == want
+    assert delta == len(tok.encode(kw["prompt"])) - cached + extra
+    assert sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason) == [0, 1, 2]
+
+
 def test_presence_and_frequency_penalties(served, client):
     from metalgen.sampling import PresenceFrequencyPenalty
 

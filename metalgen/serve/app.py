@@ -6,7 +6,6 @@ server-sent events, disconnect detection that cancels a stream, and no framework
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import time
@@ -98,9 +97,9 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
         except RequestError as e:
             return error_response(e)
         strings = TokenStrings(engine.tokenizer) if req.logprobs else None
-        # n choices are n jobs (batched, n rows of the batch); with a seed, choice i draws with seed + i
-        choices = [Choice(i, engine.submit(req if req.seed is None else dataclasses.replace(req, seed=req.seed + i),
-                                           ids, opened), strings) for i in range(req.n)]
+        # n choices are n jobs sharing one prefill of the prompt (batched, n rows of the batch); with a seed,
+        # choice i draws with seed + i
+        choices = [Choice(i, job, strings) for i, job in enumerate(engine.submit(req, ids, opened, req.n))]
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
             return StreamingResponse(events(req, rid, choices), media_type="text/event-stream")

@@ -10,6 +10,7 @@ prefix cache of earlier requests' KV (metalgen.prefix_cache), bounded by `prefix
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -129,6 +130,9 @@ class Engine:
         self.decode = decode
         self.max_batch = max_batch
         self.peak_batch = 0  # the most requests decoded together so far
+        # prompt tokens run through the model so far (cached prefixes and the prompt shared by a request's n
+        # choices not counted): in batches past, and in the running one (its generator counts)
+        self._prefilled = 0
         if max_batch > 1:
             try:
                 check_batchable(model)
@@ -144,6 +148,7 @@ class Engine:
         self.stream = mx.new_thread_local_stream(mx.default_device())
         self.reused = None
         self.jobs: "queue.Queue[Job]" = queue.Queue()
+        self._submitting = threading.Lock()  # held while a request's jobs are queued (`submit`)
         # jobs submitted and not yet ended (a done or error event put), for `state` (what a request stuck in the
         # engine would show as) and for the cap on the queue
         self.in_flight = InFlight(self.max_batch, max_queue)
@@ -184,25 +189,37 @@ class Engine:
         """Raises RequestError (429) while the queue is full (`max_queue` jobs waiting)."""
         self.in_flight.admit()
 
-    def submit(self, req: GenerationRequest, ids: List[int], in_reasoning: bool = False) -> Job:
-        job = Job(req, ids, asyncio.get_running_loop(), in_reasoning)
-        self.in_flight.add(job)
-        self.jobs.put(job)
-        return job
+    def submit(self, req: GenerationRequest, ids: List[int], in_reasoning: bool = False, n: int = 1) -> List[Job]:
+        """Queue a request's `n` choices, one job each (with a seed, choice i samples with seed + i). They are
+        queued together, so that the worker takes them in one round: batched, they join one prefill group and
+        the prompt is fed once for all (metalgen.batch: rows with one prompt share its prefill); one at a time,
+        they run one after another, each choice after the first starting from the prompt's KV that the one
+        before left in the prompt cache."""
+        loop = asyncio.get_running_loop()
+        jobs = [Job(req if req.seed is None or i == 0 else dataclasses.replace(req, seed=req.seed + i), ids, loop,
+                    in_reasoning) for i in range(n)]
+        with self._submitting:  # the worker drains the queue only between two requests' submissions
+            for job in jobs:
+                self.in_flight.add(job)
+                self.jobs.put(job)
+        return jobs
 
     def state(self) -> Dict[str, int]:
         """The engine's load now (for /debug/engine and the fault tests): "jobs" submitted and not yet ended,
         "queued" for the worker, "rows" in the batch (ended ones until the next step) or the one job of one at a
-        time, and "waiting" to join the batch (being prefilled included). All zero: idle. Read from another
-        thread, so a snapshot, not a lock."""
+        time, and "waiting" to join the batch (being prefilled included); all zero: idle. "prefilled_tokens": the prompt
+        tokens run through the model since the start (a prefix found cached, and the prompt that a request's n
+        choices share, fed once). Read from another thread, so a snapshot, not a lock."""
         gen = self._gen
+        prefilled = self._prefilled + (gen.prefilled if gen is not None else 0)
         rows = len(gen.rows) if gen is not None else int(self._current is not None)
         waiting = 0
         if gen is not None:
             group = getattr(gen, "prefilling", None)  # (read once: the worker may clear it meanwhile)
-            waiting = len(gen.waiting) + (len(group.rows) if group is not None else 0)
+            waiting = len(gen.waiting) + (len(group.members) if group is not None else 0)
         return {"jobs": len(self.in_flight), "queued": self.jobs.qsize(), "rows": rows, "waiting": waiting,
-                "max_batch": self.max_batch, "peak_batch": self.peak_batch, "max_queue": self.in_flight.max_queue}
+                "max_batch": self.max_batch, "peak_batch": self.peak_batch, "max_queue": self.in_flight.max_queue,
+                "prefilled_tokens": prefilled}
 
     def _end(self, job: Job, *event) -> None:
         """A job's last event ("done", finish, usage) or ("error", RequestError): it leaves the live set."""
@@ -233,6 +250,7 @@ class Engine:
                 running.clear()
                 if self.prefix_cache is not None:
                     self.prefix_cache.clear()  # what the failed step inserted may never be computed
+                self._prefilled += self._gen.prefilled
                 self._gen = self._new_batch()
 
     def _round(self, gen: BatchGenerator, running: Dict[int, "_Running"]) -> None:
@@ -286,11 +304,12 @@ class Engine:
     def _arrivals(self, block: bool) -> List[Job]:
         """The jobs queued since the last step (waiting for one when the batch is idle)."""
         jobs: List[Job] = [self.jobs.get()] if block else []
-        while True:
-            try:
-                jobs.append(self.jobs.get_nowait())
-            except queue.Empty:
-                return jobs
+        with self._submitting:  # never between two choices of a request: they join in one round
+            while True:
+                try:
+                    jobs.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    return jobs
 
     def _join(self, gen: BatchGenerator, job: Job, running: Dict[int, "_Running"]) -> None:
         if job.cancelled.is_set():  # its client went away while it was queued
@@ -333,6 +352,7 @@ class Engine:
         req = job.req
         new = self.reused.feed(job.ids)
         cached = len(job.ids) - len(new)
+        self._prefilled += len(new)
         sampler = make_sampler(req.temperature, req.top_k, req.top_p, req.min_p, req.seed)
         processors = self._processors(req, len(new))  # the history of a generation on the cache starts at `new`
         out, finish = [], "length"
