@@ -85,14 +85,25 @@ def test_chat_command_reads_turns_until_exit(monkeypatch, capsys):
     assert err.count("new prompt tokens") == 2  # two turns; the empty line and /reset are not turns
 
 
+@pytest.fixture(scope="module")
+def short_context():
+    """dummy:tiny-qwen3 with its context cut from 2048 to 256 positions, so that a conversation reaches it
+    in a few hundred decode steps (the context is the spec's max_position_embeddings)."""
+    import dataclasses
+
+    model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
+    model.model.spec = dataclasses.replace(model.spec, max_position_embeddings=256)
+    return model, tok
+
+
 @pytest.mark.parametrize("decode", ["reference", "plain"])
-def test_a_conversation_past_the_context_is_a_clear_error(tiny, decode):
-    model, tok = tiny  # context 2048
+def test_a_conversation_past_the_context_is_a_clear_error(short_context, decode):
+    model, tok = short_context
     chat = ChatSession(model, tok, decode=decode)
-    replies = list(chat.send("word " * 1000, max_tokens=2000))
-    assert replies[-1].finish_reason == "length" and cache_length(chat.cache) <= 2048  # cut at the context
-    with pytest.raises(MetalgenError, match=r"after \d+ in the prompt cache, past the model's context of 2048"):
-        list(chat.send("word " * 1000))
+    replies = list(chat.send("word " * 120, max_tokens=400))
+    assert replies[-1].finish_reason == "length" and 200 < cache_length(chat.cache) <= 256  # cut at the context
+    with pytest.raises(MetalgenError, match=r"after \d+ in the prompt cache, past the model's context of 256"):
+        list(chat.send("word " * 120))
 
 
 def test_a_reply_stopped_early_leaves_the_conversation_consistent(tiny):
