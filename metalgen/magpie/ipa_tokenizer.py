@@ -27,7 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import MetalgenError
 from .g2p import SUPPORTED_LOCALES, IpaG2p, merge_dictionaries, parse_dictionary, parse_heteronyms
-from .text import _version_tuple, any_locale_preprocess, describe_chars, english_preprocess_cased, locale_punctuation
+from .text import (SymbolTokenizer, _version_tuple, any_locale_preprocess, english_preprocess_cased, finish_symbols,
+                   locale_punctuation)
 
 PathLike = Union[str, Path]
 
@@ -75,7 +76,7 @@ class NemoArtifacts:
 # ------------------------------------------------------------------------------ the tokenizer
 
 
-class IPATokenizer:
+class IPATokenizer(SymbolTokenizer):
     """One of NeMo's IPATokenizer + IpaG2p pairs, rebuilt: `tokens`, `pad_id`, `encode(text)`."""
 
     def __init__(self, name: str, g2p: IpaG2p, locale: Optional[str], punct: bool, punct_list: Sequence[str],
@@ -123,18 +124,7 @@ class IPATokenizer:
                 shown = s[len(prefix):] if prefix and s.startswith(prefix) and len(s) > len(prefix) else s
                 if shown not in bad:
                     bad.append(shown)
-        while kept and kept[-1] == self.space:
-            kept.pop()
-        if self.pad_with_space:
-            kept = [self.space] + kept + [self.space]
-        return kept, bad
-
-    def encode(self, text: str) -> List[int]:
-        """The tokenizer's ids for `text` (MetalgenError naming any symbol it cannot map)."""
-        kept, bad = self.symbols(text)
-        if bad:
-            raise MetalgenError(f"the Magpie tokenizer '{self.name}' cannot map {describe_chars(bad)}")
-        return [self.ids[s] for s in kept]
+        return finish_symbols(kept, self.space, self.pad_with_space), bad
 
 
 # ------------------------------------------------------------------------------ from the config

@@ -124,8 +124,34 @@ def lower_preprocess(text: str) -> str:
 # ------------------------------------------------------------------------------ one tokenizer
 
 
+class SymbolTokenizer:
+    """What NeMo's tokenizers share once their subclass has turned text into symbols
+    (`symbols(text) -> (kept, bad)`): the kept symbols' `ids`, or one error naming what it cannot map."""
+
+    name: str
+    ids: Dict[str, int]
+
+    def symbols(self, text: str) -> Tuple[List[str], List[str]]:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> List[int]:
+        """The tokenizer's ids for `text` (MetalgenError naming any symbol it cannot map)."""
+        kept, bad = self.symbols(text)
+        if bad:
+            raise MetalgenError(f"the Magpie tokenizer '{self.name}' cannot map {describe_chars(bad)}")
+        return [self.ids[s] for s in kept]
+
+
+def finish_symbols(kept: List[str], space: str, pad_with_space: bool) -> List[str]:
+    """The end of every NeMo tokenizer's `encode`: trailing spaces dropped, then one space on each side
+    when `pad_with_space`."""
+    while kept and kept[-1] == space:
+        kept.pop()
+    return [space] + kept + [space] if pad_with_space else kept
+
+
 @dataclass
-class CharTokenizer:
+class CharTokenizer(SymbolTokenizer):
     """One of NeMo's character tokenizers, rebuilt from its class name and config arguments."""
 
     name: str
@@ -161,17 +187,7 @@ class CharTokenizer:
                 kept.append(c)
             elif c not in bad:
                 bad.append(c)
-        while kept and kept[-1] == " ":
-            kept.pop()
-        if self.pad_with_space:
-            kept = [" "] + kept + [" "]
-        return kept, bad
-
-    def encode(self, text: str) -> List[int]:
-        kept, bad = self.symbols(text)
-        if bad:
-            raise MetalgenError(f"the Magpie tokenizer '{self.name}' cannot map {describe_chars(bad)}")
-        return [self.ids[s] for s in kept]
+        return finish_symbols(kept, " ", self.pad_with_space), bad
 
 
 def describe_chars(chars: Sequence[str]) -> str:

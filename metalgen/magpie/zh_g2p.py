@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
+from .text import SymbolTokenizer, finish_symbols
 
 # ChinesePhonemesTokenizer.ZH_PUNCT_LIST: full-width marks, then NeMo's default (LJSpeech) list.
 ZH_PUNCT = tuple("，。？！；：、‘’“”（）【】「」《》") + (
@@ -152,7 +153,7 @@ def _backend(name: str) -> Tuple[Callable, Callable, Any]:
 # ------------------------------------------------------------------------------ the tokenizer
 
 
-class ChinesePhonemesTokenizer:
+class ChinesePhonemesTokenizer(SymbolTokenizer):
     """NeMo's ChinesePhonemesTokenizer + ChineseG2p, rebuilt: `tokens`, `pad_id`, `encode(text)`."""
 
     def __init__(self, name: str, tc: Mapping[str, Any], entries: Dict[str, List[str]]):
@@ -213,20 +214,7 @@ class ChinesePhonemesTokenizer:
                 kept.append(p)
             elif p != space and p not in bad:
                 bad.append(p)
-        while kept and kept[-1] == space:
-            kept.pop()
-        if self.pad_with_space:
-            kept = [space] + kept + [space]
-        return kept, bad
-
-    def encode(self, text: str) -> List[int]:
-        """The tokenizer's ids for `text` (MetalgenError naming any syllable or symbol it cannot map)."""
-        from .text import describe_chars
-
-        kept, bad = self.symbols(text)
-        if bad:
-            raise MetalgenError(f"the Magpie tokenizer '{self.name}' cannot map {describe_chars(bad)}")
-        return [self.ids[s] for s in kept]
+        return finish_symbols(kept, space, self.pad_with_space), bad
 
 
 def build_chinese_tokenizer(name: str, tc: Mapping[str, Any], read_text: Callable[[str], str]) -> ChinesePhonemesTokenizer:
