@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import MetalgenError
 from .g2p import SUPPORTED_LOCALES, IpaG2p, merge_dictionaries, parse_dictionary, parse_heteronyms
-from .text import (SymbolTokenizer, _version_tuple, any_locale_preprocess, english_preprocess_cased, finish_symbols,
-                   locale_punctuation)
+from .text import (SymbolTokenizer, _version_tuple, any_locale_preprocess, append_specials, english_preprocess_cased,
+                   finish_symbols, locale_punctuation)
 
 PathLike = Union[str, Path]
 
@@ -102,12 +102,7 @@ class IPATokenizer(SymbolTokenizer):
         if silence is not None:
             tokens.append(silence)
         self.pad_id = len(tokens)
-        tokens.append("<pad>")
-        if add_blank_at is not None:
-            tokens.append("<blank>")
-        tokens.append(oov)
-        if add_blank_at == "last":
-            tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+        append_specials(tokens, add_blank_at, oov)
         self.tokens = tokens
         self.ids = {t: i for i, t in enumerate(tokens)}  # a repeated symbol keeps its last id, as in NeMo
 

@@ -142,6 +142,17 @@ class SymbolTokenizer:
         return [self.ids[s] for s in kept]
 
 
+def append_specials(tokens: List[str], blank_at: Any = None, oov: str = "<oov>") -> None:
+    """The end of every NeMo tokenizer's vocabulary, appended to `tokens`: `<pad>`, `<blank>` where
+    `add_blank_at` is set, the OOV token, with the last two swapped for `add_blank_at: last`."""
+    tokens.append("<pad>")
+    if blank_at is not None:
+        tokens.append("<blank>")
+    tokens.append(oov)
+    if blank_at == "last":
+        tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+
+
 def finish_symbols(kept: List[str], space: str, pad_with_space: bool) -> List[str]:
     """The end of every NeMo tokenizer's `encode`: trailing spaces dropped, then one space on each side
     when `pad_with_space`."""
@@ -281,13 +292,7 @@ def build_char_tokenizer(name: str, tc: Mapping[str, Any], nemo_version: Any = N
         tokens.append("'")
     if punct:
         tokens.extend(punct_list)
-    tokens.append("<pad>")
-    blank_at = tc.get("add_blank_at")
-    if blank_at is not None:
-        tokens.append("<blank>")
-    tokens.append("<oov>")
-    if blank_at == "last":
-        tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+    append_specials(tokens, tc.get("add_blank_at"))
     return CharTokenizer(
         name=name,
         cls=cls,

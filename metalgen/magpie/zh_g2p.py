@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
-from .text import SymbolTokenizer, finish_symbols
+from .text import SymbolTokenizer, append_specials, finish_symbols
 
 # ChinesePhonemesTokenizer.ZH_PUNCT_LIST: full-width marks, then NeMo's default (LJSpeech) list.
 ZH_PUNCT = tuple("，。？！；：、‘’“”（）【】「」《》") + (
@@ -112,13 +112,7 @@ def _vocabulary(tc: Mapping[str, Any], entries: Mapping[str, List[str]]):
         punct = tc.get("non_default_punct_list")
         punct_list = tuple(ZH_PUNCT if punct is None else (str(p) for p in punct))
         tokens += list(punct_list)
-    tokens.append("<pad>")
-    blank_at = tc.get("add_blank_at")
-    if blank_at is not None:
-        tokens.append("<blank>")
-    tokens.append("<oov>")
-    if blank_at == "last":
-        tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+    append_specials(tokens, tc.get("add_blank_at"))
     return tokens, phonemes, tones, letters, punct_list
 
 
