@@ -21,7 +21,7 @@ recompute.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
@@ -180,9 +180,14 @@ def generate_codes(
     recompute: bool = False,
 ) -> np.ndarray:
     """Codes (C, T) int64 for one utterance: `stream_codes`'s pieces joined."""
-    a = model.args
-    pieces = list(stream_codes(model, text_ids, speaker, sampling, cfg, max_frames, seed, record, recompute))
-    return np.concatenate(pieces, axis=1) if pieces else np.zeros((a.num_codebooks, 0), np.int64)
+    return join_codes(model, stream_codes(model, text_ids, speaker, sampling, cfg, max_frames, seed, record,
+                                          recompute))
+
+
+def join_codes(model, pieces: Iterable[np.ndarray]) -> np.ndarray:
+    """(C, k) code pieces -> codes (C, T) int64 (T = 0: none)."""
+    pieces = list(pieces)
+    return np.concatenate(pieces, axis=1) if pieces else np.zeros((model.args.num_codebooks, 0), np.int64)
 
 
 def stream_codes(
@@ -276,9 +281,8 @@ def stream_chunks(
 def generate_chunks(model, chunks, speaker, sampling=None, cfg=True, max_frames=None, seed=None, record=None,
                     recompute=None) -> np.ndarray:
     """Codes (C, T) int64 of a chunked text: `stream_chunks`'s pieces joined."""
-    a = model.args
-    pieces = list(stream_chunks(model, chunks, speaker, sampling, cfg, max_frames, seed, record, recompute))
-    return np.concatenate(pieces, axis=1) if pieces else np.zeros((a.num_codebooks, 0), np.int64)
+    return join_codes(model, stream_chunks(model, chunks, speaker, sampling, cfg, max_frames, seed, record,
+                                           recompute))
 
 
 def _stream_recompute(model, text_ids, speaker, sampling, cfg, max_frames, seed, record,
