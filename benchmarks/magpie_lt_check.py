@@ -23,6 +23,7 @@ import kernels_metal as K  # noqa: E402
 from kernels_metal import gpu as G  # noqa: E402
 from kernels_metal import reference as ref  # noqa: E402
 from metalgen.magpie import dummy  # noqa: E402
+from metalgen.magpie.frames import eager_draws  # noqa: E402
 from metalgen.magpie.lt_kernel import pack_lt  # noqa: E402
 from metalgen.sampling import make_sampler  # noqa: E402
 
@@ -36,19 +37,8 @@ def say(*a):
 
 
 def eager_chain(model, h, bad, cfg_scale, sampler):
-    """StepGraph.draw's loop (metalgen/magpie/frames.py) with a DeviceSampler."""
-    n = model.args.num_codebooks * model.args.frame_stacking_factor
-    rows = h.shape[0]
-    cache = model.make_local_cache()
-    x = model.local_start(h)
-    codes = []
-    for j in range(n):
-        lg = model.local_step(x, j, cache=cache)
-        lg = cfg_scale * lg[0] + (1.0 - cfg_scale) * lg[1] if rows > 1 else lg[0]
-        code, _ = sampler((lg + bad)[None])
-        codes.append(code)
-        x = model.local_embed(mx.broadcast_to(code, (rows,)), j)
-    return mx.concatenate(codes)
+    """StepGraph.draw's loop (frames.eager_draws) with a DeviceSampler."""
+    return eager_draws(model, h, bad, cfg_scale, lambda logits: sampler(logits)[0])
 
 
 def teacher_logits(model, h, codes, bad, cfg_scale):

@@ -42,20 +42,16 @@ def _model(lt_hidden=None, seed=0):
 
 
 def _model_loop(model, h, bad, cfg_scale, temperature, top_k, state):
-    """StepGraph.draw's eager loop (metalgen/magpie/frames.py) with the reference sampler."""
-    a = model.args
-    n = a.num_codebooks * a.frame_stacking_factor
-    rows = h.shape[0]
-    cache = model.make_local_cache()
-    x = model.local_start(h)
-    codes = []
-    for j in range(n):
-        lg = model.local_step(x, j, cache=cache)
-        lg = cfg_scale * lg[0] + (1.0 - cfg_scale) * lg[1] if rows > 1 else lg[0]
-        code, _, state = ref.sample((lg + bad)[None], temperature, top_k, 1.0, 0.0, state)
-        codes.append(code)
-        x = model.local_embed(mx.broadcast_to(code, (rows,)), j)
-    return mx.concatenate(codes), state
+    """StepGraph.draw's eager loop (frames.eager_draws) with the reference sampler at successive counters."""
+    from metalgen.magpie.frames import eager_draws
+
+    st = [state]
+
+    def sample(logits):
+        code, _, st[0] = ref.sample(logits, temperature, top_k, 1.0, 0.0, st[0])
+        return code
+
+    return eager_draws(model, h, bad, cfg_scale, sample), st[0]
 
 
 def _bad(V, rng):

@@ -146,16 +146,8 @@ class StepGraph:
         if self.lt is not None:
             codes, self.sampler.state = draw_codes(self.lt, h, bad, self.s, self.sampler.state, cfg=self.cfg)
             return codes.reshape(self.S, self.C)
-        m = self.model
-        cache = m.make_local_cache()  # NeMo resets the LT cache every decoder step
-        x = m.local_start(h)  # (rows, 1, hid)
-        codes = []
-        for j in range(self.C * self.S):  # j = stacked frame i * C + codebook c
-            logits = self.combine(m.local_step(x, j, cache=cache)) + bad  # (V,)
-            code, _ = self.sampler(logits[None])  # (1,)
-            codes.append(code)
-            x = m.local_embed(mx.broadcast_to(code, (self.rows,)), j)
-        return mx.concatenate(codes).reshape(self.S, self.C)
+        codes = eager_draws(self.model, h, bad, self.s.cfg_scale, lambda logits: self.sampler(logits)[0])
+        return codes.reshape(self.S, self.C)
 
     def decode(self, x, prior, offset, keys, values, memory_kv, memory_mask):
         """Decoder rows x (rows, 1, d) at `offset` -> (last state (rows, d), alignment scores (L,),
@@ -199,6 +191,26 @@ class StepGraph:
             attended = mx.array(-1, dtype=mx.int32)
             prior_row = mx.zeros((L,), dtype=mx.float32)
         return codes, eos, h, scores, last, counter, attended, prior_row, keys, values
+
+
+def eager_draws(model, h: mx.array, bad: mx.array, cfg_scale: float, sample) -> mx.array:
+    """The local transformer's C * S draws with the model's own ops (the LT kernel's reference loop):
+    h (rows, d) decoder states (rows 2: CFG, scale * conditional + (1 - scale) * unconditional), bad (V,)
+    additive mask, `sample(logits (1, V)) -> code (1,)` -> codes (C * S,) in draw order j = frame * C +
+    codebook. Each code's embedding is the next draw's input; the LT cache starts empty, as NeMo resets it
+    every decoder step."""
+    a = model.args
+    rows = h.shape[0]
+    cache = model.make_local_cache()
+    x = model.local_start(h)  # (rows, 1, hid)
+    codes = []
+    for j in range(a.num_codebooks * a.frame_stacking_factor):
+        logits = model.local_step(x, j, cache=cache)  # (rows, V)
+        logits = cfg_scale * logits[0] + (1.0 - cfg_scale) * logits[1] if rows > 1 else logits[0]
+        code = sample((logits + bad)[None])  # (1,)
+        codes.append(code)
+        x = model.local_embed(mx.broadcast_to(code, (rows,)), j)
+    return mx.concatenate(codes)
 
 
 def alignment_scores(probs: List[Optional[mx.array]], layers: List[int]) -> mx.array:
