@@ -42,9 +42,14 @@ def test_synthesize_greedy_matches_nemo(ref):
     # the decode half against NeMo's do_tts waveform of its (uncached) greedy codes
     want = npz["greedy_audio_cfg"]
     assert np.corrcoef(tts.decode(npz["greedy_codes_cfg"]), want)[0, 1] > 0.9999
-    # streamed: chunks of 4, 8, 16, 4 frames, each decoded with the codec's receptive field of context
-    chunks = list(tts.stream(meta["text"], "en", speaker="1", temperature=0, max_frames=32, chunk_frames=16))
+    # streamed: chunks of 4, 8, 16, 4 frames (doubling), each decoded with the codec's receptive field of
+    # context, and of 4, 16, 12 (the default growth, x4)
+    chunks = list(tts.stream(meta["text"], "en", speaker="1", temperature=0, max_frames=32, chunk_frames=16,
+                             chunk_growth=2))
     assert [c.shape[0] for c in chunks] == [4 * 16, 8 * 16, 16 * 16, 4 * 16]
+    grown = list(tts.stream(meta["text"], "en", speaker="1", temperature=0, max_frames=32))
+    assert [c.shape[0] for c in grown] == [4 * 16, 16 * 16, 12 * 16]
+    np.testing.assert_allclose(np.concatenate(grown), wav, rtol=0, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(chunks), wav, rtol=0, atol=1e-5)
 
 

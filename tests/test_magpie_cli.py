@@ -183,12 +183,13 @@ def test_nemo_file_folder_hub_and_missing_codec(dump, tmp_path, capsys, monkeypa
 def test_bench_cli(tmp_path, capsys):
     out = tmp_path / "magpie.json"
     assert main(["bench", "--tts", "--model", "dummy:magpie-tiny", "--frames", "5", "--runs", "1",
-                 "--chunk-frames", "4", "--json", str(out)]) == 0
+                 "--chunk-frames", "4", "--chunk-growth", "3", "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "dec/step" in table and "TTFA" in table and "CFG on" in table
+    assert "dec/step" in table and "TTFA" in table and "CFG on" in table and "growing x3" in table
     rep = json.loads(out.read_text())
     assert rep["kind"] == "magpie" and rep["frames"] == 6  # rounded up to whole decoder steps (stacking 2)
     assert rep["cfg"] is True and rep["first_chunk_frames"] == 4 and rep["chunk_frames"] == 4
+    assert rep["chunk_growth"] == 3
     (r,) = rep["results"]
     for key in ("text_encoder_ms", "decoder_step_ms", "local_transformer_step_ms", "codec_frame_ms", "frame_ms",
                 "ttfa_ms", "rtf"):
@@ -199,6 +200,6 @@ def test_bench_cli(tmp_path, capsys):
     assert r["rtf"] == pytest.approx(rep["frame_audio_ms"] / r["frame_ms"], rel=1e-6)
     assert main(["bench", "--tts", "--model", "dummy:magpie-tiny", "--frames", "2", "--runs", "1", "--no-cfg"]) == 0
     assert "CFG off" in capsys.readouterr().out
-    for bad in (["--compare", "mlx-lm"], ["--decode", "plain"], ["--frames", "1"]):
+    for bad in (["--compare", "mlx-lm"], ["--decode", "plain"], ["--frames", "1"], ["--chunk-growth", "0"]):
         assert main(["bench", "--tts", "--model", "dummy:magpie-tiny", "--runs", "1", *bad]) == 1
         assert _err(capsys).startswith("metalgen: error: ")

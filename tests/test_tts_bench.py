@@ -80,5 +80,7 @@ def test_cli(tmp_path, capsys):
                 ["--profile"]):
         assert main(["bench", "--tts", "--model", "dummy:qwen3-tts-tiny", *bad]) == 1
     assert "error" in capsys.readouterr().err
+    assert main(["bench", "--tts", "--model", "dummy:qwen3-tts-tiny", "--chunk-growth", "3"]) == 1
+    assert "--chunk-growth apply to Magpie checkpoints" in capsys.readouterr().err
     # a text model is no TTS model
     assert main(["bench", "--tts", "--model", "dummy:qwen2.5-0.5b", "--frames", "2", "--runs", "1"]) == 1

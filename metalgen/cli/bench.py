@@ -33,14 +33,18 @@ def add_parser(sub) -> None:
                    help="benchmark a TTS frame loop: ms per frame by part (Qwen3-TTS: talker, 15 code-predictor "
                         "steps, speech decoder; Magpie: text encoder, decoder step, local transformer, codec), "
                         "real-time factor, time to first audio (docs/tts.md)")
-    t.add_argument("--frames", type=int, default=64,
-                   help="frames per run (Qwen3-TTS: 80 ms each; Magpie: 46 ms codec frames); default %(default)s")
+    t.add_argument("--frames", type=int, default=None,
+                   help="frames per run; default 64 for Qwen3-TTS (80 ms each: 5.1 s) and 128 for Magpie (46 ms "
+                        "codec frames: 5.9 s, about the bench sentence's length)")
     t.add_argument("--chunk-frames", type=int, default=None,
                    help="streamed decoder chunk in frames, as `metalgen tts --stream`; default 12 (Qwen3-TTS), "
-                        "24 (Magpie)")
+                        "64 (Magpie)")
     t.add_argument("--first-chunk-frames", type=int, default=None,
-                   help="frames in the first streamed chunk (then doubling up to --chunk-frames); "
+                   help="frames in the first streamed chunk (then growing up to --chunk-frames); "
                         "default 2 (Qwen3-TTS), 4 (Magpie)")
+    t.add_argument("--chunk-growth", type=int, default=None,
+                   help="Magpie: each streamed chunk after the first is this many times the one before "
+                        "(default: metalgen.magpie.streaming.CHUNK_GROWTH)")
     t.add_argument("--no-cfg", action="store_true", help="Magpie: classifier-free guidance off (default on)")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompt and the draws")
 
@@ -104,8 +108,8 @@ def format_magpie_table(report) -> str:
         f"+ codec {report['codec_weight_gb']:.2f} GB, text {report['text_tokens']} tokens, {report['frames']} frames "
         f"x {report['frame_audio_ms']:.1f} ms ({report['codebooks']} codebooks, stacking {report['frame_stacking']}), "
         f"CFG {'on, scale ' + str(report['cfg_scale']) if report['cfg'] else 'off'}, chunks of "
-        f"{report['first_chunk_frames']} doubling to {report['chunk_frames']} (+{report['left_context']} context), "
-        f"medians of {report['runs']} runs after a warm-up, seed {report['seed']}",
+        f"{report['first_chunk_frames']} growing x{report.get('chunk_growth', 2)} to {report['chunk_frames']} "
+        f"(+{report['left_context']} context), medians of {report['runs']} runs after a warm-up, seed {report['seed']}",
         f"{'engine':<10} {'text ms':>8} {'prefill':>8} {'dec/step':>9} {'LT/step':>8} | {'dec':>7} {'LT':>7} {'codec':>7} "
         f"{'sum':>7} | {'ms/frame':>9} {'RTF':>6} {'TTFA ms':>8} {'peak GB':>8}",
     ]
@@ -130,16 +134,17 @@ def _write_json(path, report) -> None:
 def run_magpie(args: argparse.Namespace, tts) -> int:
     from ..errors import MetalgenError
     from ..magpie.bench import run_magpie_bench
-    from ..magpie.streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES
+    from ..magpie.streaming import CHUNK_FRAMES, CHUNK_GROWTH, FIRST_CHUNK_FRAMES
 
     if args.compare:
         raise MetalgenError("--compare mlx-lm runs Qwen3-TTS models, not Magpie")
     if args.decode != "auto":
         raise MetalgenError("--decode applies to Qwen3-TTS models, not Magpie")
     report = run_magpie_bench(
-        tts, frames=args.frames, runs=args.runs, seed=args.seed, cfg=not args.no_cfg,
+        tts, frames=128 if args.frames is None else args.frames, runs=args.runs, seed=args.seed, cfg=not args.no_cfg,
         chunk_frames=CHUNK_FRAMES if args.chunk_frames is None else args.chunk_frames,
-        first_chunk_frames=FIRST_CHUNK_FRAMES if args.first_chunk_frames is None else args.first_chunk_frames)
+        first_chunk_frames=FIRST_CHUNK_FRAMES if args.first_chunk_frames is None else args.first_chunk_frames,
+        growth=CHUNK_GROWTH if args.chunk_growth is None else args.chunk_growth)
     print(format_magpie_table(report))
     _write_json(args.json, report)
     return 0
@@ -152,15 +157,16 @@ def run_tts(args: argparse.Namespace) -> int:
 
     if args.profile:
         raise MetalgenError("--profile applies to text models, not --tts")
-    if args.frames < 2 or args.runs < 1 or (args.chunk_frames is not None and args.chunk_frames < 1) or \
-            (args.first_chunk_frames is not None and args.first_chunk_frames < 1):
-        raise MetalgenError("need --frames >= 2, --runs >= 1, --chunk-frames >= 1 and --first-chunk-frames >= 1")
+    if (args.frames is not None and args.frames < 2) or args.runs < 1 or \
+            any(v is not None and v < 1 for v in (args.chunk_frames, args.first_chunk_frames, args.chunk_growth)):
+        raise MetalgenError("need --frames >= 2, --runs >= 1, and --chunk-frames, --first-chunk-frames and "
+                            "--chunk-growth >= 1")
     tts = metalgen.tts.load(args.model or "dummy:qwen3-tts-0.6b", dtype=args.dtype)
     if tts.model_type == "magpie":
         return run_magpie(args, tts)
-    if args.no_cfg:
-        raise MetalgenError("--no-cfg applies to Magpie models, not Qwen3-TTS")
-    report = run_tts_bench(tts, frames=args.frames, runs=args.runs, compare=args.compare, seed=args.seed,
+    if args.no_cfg or args.chunk_growth is not None:
+        raise MetalgenError("--no-cfg and --chunk-growth apply to Magpie checkpoints, not Qwen3-TTS")
+    report = run_tts_bench(tts, frames=64 if args.frames is None else args.frames, runs=args.runs, compare=args.compare, seed=args.seed,
                            chunk_frames=12 if args.chunk_frames is None else args.chunk_frames,
                            first_chunk_frames=2 if args.first_chunk_frames is None else args.first_chunk_frames,
                            decode=args.decode)

@@ -50,9 +50,10 @@ def add_parser(sub) -> None:
     p.add_argument("--stream", action="store_true",
                    help="decode audio in chunks while frames are generated, appending to --out as it goes")
     p.add_argument("--chunk-frames", type=int, default=None,
-                   help="frames per streamed chunk (default 12 Qwen3-TTS frames = 0.96 s; 24 Magpie frames = 1.1 s)")
+                   help="frames per streamed chunk, at most (default 12 Qwen3-TTS frames = 0.96 s; 64 Magpie frames = 3.0 s)")
     p.add_argument("--first-chunk-frames", type=int, default=None,
-                   help="frames in the first streamed chunk (later chunks double up to --chunk-frames); "
+                   help="frames in the first streamed chunk (later chunks grow, x2 for Qwen3-TTS and x4 for Magpie, "
+                        "up to --chunk-frames); "
                         "default 2 (Qwen3-TTS), 4 (Magpie)")
     p.add_argument("--decode", choices=DECODE_MODES, default="auto",
                    help="decode path of the talker and code predictor (docs/decode.md); default: %(default)s")

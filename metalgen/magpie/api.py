@@ -30,7 +30,7 @@ from ..loading import parse_dtype
 from .chunking import chunk_ids
 from .generate import MagpieSampling, generate_chunks, stream_chunks
 from .nemo_file import read_nemo
-from .streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, stream_audio
+from .streaming import CHUNK_FRAMES, CHUNK_GROWTH, FIRST_CHUNK_FRAMES, stream_audio
 from .text import MagpieText
 
 PathLike = Union[str, Path]
@@ -309,19 +309,19 @@ class MagpieTTS:
     def stream(self, text: str, language: Optional[str] = "en", speaker: Union[int, str, None] = 0,
                cfg: bool = True, seed: Optional[int] = None, chunk_frames: int = CHUNK_FRAMES,
                first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None,
-               ref_audio=None, **sampling) -> Iterator[np.ndarray]:
+               ref_audio=None, chunk_growth: int = CHUNK_GROWTH, **sampling) -> Iterator[np.ndarray]:
         """Float32 waveform chunks (at `sample_rate`) while the frames are drawn: the first after
-        `first_chunk_frames` codec frames, each later one twice the one before up to
+        `first_chunk_frames` codec frames, each later one `chunk_growth` times the one before up to
         `chunk_frames` (None: every chunk `chunk_frames`). Their concatenation is `synthesize`'s
         waveform for the same seed. The options are checked here, before the first chunk is
         asked for; the rest are `synthesize`'s."""
         chunks, index, s = self.prepare_chunks(text, language, speaker, ref_audio, **sampling)
-        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
-            raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
+        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1) or chunk_growth < 1:
+            raise MetalgenError("chunk_frames, first_chunk_frames and chunk_growth must be >= 1")
         # The fast loop, chunk after chunk for a long text (see `codes`); the audio comes piece by piece
         # across the chunks from one codec stream (do_tts decodes the joined codes once).
         pieces = stream_chunks(self.model, chunks, index, s, cfg=cfg, seed=seed)
-        return stream_audio(self.codec, pieces, chunk_frames, first_chunk_frames, left_context)
+        return stream_audio(self.codec, pieces, chunk_frames, first_chunk_frames, left_context, chunk_growth)
 
 
 def load(path: PathLike, codec: Optional[PathLike] = None, dtype=None, revision: Optional[str] = None) -> MagpieTTS:

@@ -34,7 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import MetalgenError
-from .streaming import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, CodecStream, receptive_frames
+from .streaming import CHUNK_FRAMES, CHUNK_GROWTH, FIRST_CHUNK_FRAMES, CodecStream, receptive_frames
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet green forest."
 
@@ -64,14 +64,15 @@ def _frames_for(tts, frames: int) -> int:
 
 
 def streamed_run(tts, text: str, frames: int, cfg: bool, seed: int, chunk_frames: int,
-                 first_chunk_frames: int, speaker: int = 0):
+                 first_chunk_frames: int, growth: int = CHUNK_GROWTH, speaker: int = 0):
     """The real pipeline. Returns (wall seconds, seconds to the first chunk, samples)."""
     mx.synchronize()
     tic = time.perf_counter()
     first = None
     samples = 0
     for chunk in tts.stream(text, "en", speaker, cfg=cfg, seed=seed, chunk_frames=chunk_frames,
-                            first_chunk_frames=first_chunk_frames, max_frames=frames, min_frames=frames):
+                            first_chunk_frames=first_chunk_frames, chunk_growth=growth, max_frames=frames,
+                            min_frames=frames):
         samples += chunk.shape[0]
         if first is None:
             first = time.perf_counter()
@@ -133,7 +134,7 @@ def _timed(fn) -> float:
 
 
 def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_frames: int,
-              first_chunk_frames: int) -> Dict[str, float]:
+              first_chunk_frames: int, growth: int = CHUNK_GROWTH) -> Dict[str, float]:
     """Seconds per part: text encoder (once), decoder step and local transformer (per step), codec
     (per frame)."""
     parts = SplitParts(tts, ids, cfg, seed, frames)
@@ -141,7 +142,7 @@ def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_fram
     steps = frames // S
     t_text = _timed(parts.text)
     t_prefill = _timed(parts.prefill)
-    stream = CodecStream(tts.codec, chunk_frames, first_chunk_frames)
+    stream = CodecStream(tts.codec, chunk_frames, first_chunk_frames, growth=growth)
     t_dec = t_lt = t_codec = 0.0
     for n in range(steps):
         t_lt += _timed(parts.local)
@@ -163,11 +164,12 @@ def split_run(tts, ids: List[int], frames: int, cfg: bool, seed: int, chunk_fram
 
 def run_magpie_bench(tts, *, frames: int = 64, runs: int = 3, seed: int = 0, cfg: bool = True,
                      chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int = FIRST_CHUNK_FRAMES,
-                     text: str = TEXT) -> Dict[str, object]:
+                     growth: int = CHUNK_GROWTH, text: str = TEXT) -> Dict[str, object]:
     """Benchmark `tts` (a metalgen.magpie.MagpieTTS): the report `metalgen bench --tts` prints and
     writes as JSON. `frames` codec frames a run (rounded up to whole decoder steps)."""
-    if frames < 2 or runs < 1 or chunk_frames < 1 or first_chunk_frames < 1:
-        raise MetalgenError("need --frames >= 2, --runs >= 1, --chunk-frames >= 1 and --first-chunk-frames >= 1")
+    if frames < 2 or runs < 1 or chunk_frames < 1 or first_chunk_frames < 1 or growth < 1:
+        raise MetalgenError("need --frames >= 2, --runs >= 1, and --chunk-frames, --first-chunk-frames and "
+                            "--chunk-growth >= 1")
     frames = _frames_for(tts, frames)
     a = tts.model.args
     ids = tts.encode(text, "en")
@@ -176,10 +178,10 @@ def run_magpie_bench(tts, *, frames: int = 64, runs: int = 3, seed: int = 0, cfg
     walls, ttfas, splits, peaks = [], [], [], []
     for run in range(runs + 1):
         mx.reset_peak_memory()
-        wall, ttfa, samples = streamed_run(tts, text, frames, cfg, seed, chunk_frames, first_chunk_frames)
+        wall, ttfa, samples = streamed_run(tts, text, frames, cfg, seed, chunk_frames, first_chunk_frames, growth)
         if samples != frames * spf:
             raise MetalgenError(f"the streamed run made {samples} samples, expected {frames * spf}")
-        split = split_run(tts, ids, frames, cfg, seed, chunk_frames, first_chunk_frames)
+        split = split_run(tts, ids, frames, cfg, seed, chunk_frames, first_chunk_frames, growth)
         if run == 0:
             continue  # warm-up: compilation, allocation
         walls.append(wall)
@@ -218,6 +220,7 @@ def run_magpie_bench(tts, *, frames: int = 64, runs: int = 3, seed: int = 0, cfg
         "top_k": s.top_k,
         "chunk_frames": chunk_frames,
         "first_chunk_frames": first_chunk_frames,
+        "chunk_growth": growth,
         "left_context": receptive_frames(tts.codec.args),
         "frame_audio_ms": frame_s * 1e3,
         "seed": seed,

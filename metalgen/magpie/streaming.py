@@ -9,7 +9,7 @@ in frames (`receptive_frames`). Decoding frames [start - R, end) and keeping the
 rounding (the GEMMs run over other lengths).
 
 The chunk schedule and the bookkeeping are Qwen3-TTS's `StreamingDecoder`
-(metalgen/models/qwen3_tts/speech_decoder.py): a short first chunk, then chunks doubling up to
+(metalgen/models/qwen3_tts/speech_decoder.py): a short first chunk, then chunks growing (x4 here) up to
 `chunk_frames`. `CodecFrames` adapts NanoCodec to the (B, T, Q) frames it takes.
 """
 
@@ -25,13 +25,16 @@ import numpy as np
 from ..errors import MetalgenError
 
 # Streamed chunks in codec frames (46.4 ms each at 22050 Hz): a first chunk of 4 frames (186 ms,
-# two decoder steps of the current checkpoint) keeps the wait for the first audio short; later
-# chunks double up to 64 frames (3.0 s). A decode costs about the same at any of these lengths on a
-# GPU (it is bound by its count of operations, and each chunk also recomputes the 25-frame left
-# context), so fewer, longer chunks are faster; generation runs ~20x ahead of real time, so a
-# player is never starved waiting for a longer chunk.
+# two decoder steps of the current checkpoint) keeps the wait for the first audio short; each later
+# chunk is 4 times the one before, up to 64 frames (3.0 s). A decode costs about the same at any of
+# these lengths on a GPU (it is bound by its count of operations, and each chunk also recomputes the
+# 25-frame left context), so fewer, longer chunks are faster: growing x4 instead of doubling took the
+# codec from 0.87 to 0.61 ms a frame and the real-time factor from 23 to 26 (H200, docs/magpie.md
+# 5.5). The player is never starved as long as generation runs at least 4x real time (the 16-frame
+# second chunk must be ready while the first one plays); a slower machine passes chunk_growth=2.
 FIRST_CHUNK_FRAMES = 4
 CHUNK_FRAMES = 64
+CHUNK_GROWTH = 4
 
 
 def receptive_frames(args) -> int:
@@ -64,16 +67,17 @@ def compiled_decode(codec) -> Callable:
     return fn
 
 
-def schedule_lengths(first_chunk_frames: Optional[int], chunk_frames: int, left_context: int) -> Set[int]:
-    """The frame counts (context included) that the pushed chunks of a stream decode: the doubling
+def schedule_lengths(first_chunk_frames: Optional[int], chunk_frames: int, left_context: int,
+                     growth: int = CHUNK_GROWTH) -> Set[int]:
+    """The frame counts (context included) that the pushed chunks of a stream decode: the growing
     chunks, then the steady `chunk_frames` + context. The last, flushed chunk may be any length."""
     lengths: Set[int] = set()
     start, n = 0, min(first_chunk_frames, chunk_frames) if first_chunk_frames else chunk_frames
     while True:
         lengths.add(n + min(left_context, start))
-        if n == chunk_frames and start >= left_context:
+        if start >= left_context and (n == chunk_frames or growth == 1):
             return lengths
-        start, n = start + n, min(chunk_frames, 2 * n)
+        start, n = start + n, min(chunk_frames, growth * n)
 
 
 class CodecFrames:
@@ -84,7 +88,8 @@ class CodecFrames:
     bit for bit). A chunk's decode is about 1400 MLX operations; traced once, it is not rebuilt op
     by op for every chunk and its elementwise chains fuse (benchmarks/magpie_codec_probe.py). Only
     the schedule's own lengths are traced: every new length costs a trace, and the flushed last
-    chunk's length changes from utterance to utterance."""
+    chunk's length changes from utterance to utterance (it decodes eagerly; padding it to a traced
+    length was measured no faster, docs/magpie.md 5.5)."""
 
     def __init__(self, codec, compiled_lengths: Iterable[int] = ()):
         self.codec = codec
@@ -107,17 +112,18 @@ class CodecStream:
     `codec.decode` of all the codes (to float rounding). `first_chunk_frames` None: every chunk
     is `chunk_frames` long. `left_context` None: the decoder's receptive field, the least that
     keeps chunked equal to whole. `compiled` (None: on GPU backends): the schedule's chunks decode
-    through the traced decode (CodecFrames)."""
+    through the traced decode (CodecFrames). `growth`: each chunk after the first is this many times
+    the one before, up to `chunk_frames`."""
 
     def __init__(self, codec, chunk_frames: int = CHUNK_FRAMES,
                  first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES, left_context: Optional[int] = None,
-                 compiled: Optional[bool] = None):
+                 compiled: Optional[bool] = None, growth: int = CHUNK_GROWTH):
         import kernels_metal as K
 
         from ..models.qwen3_tts.speech_decoder import StreamingDecoder
 
-        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1):
-            raise MetalgenError("chunk_frames and first_chunk_frames must be >= 1")
+        if chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1) or growth < 1:
+            raise MetalgenError("chunk_frames, first_chunk_frames and the chunk growth must be >= 1")
         if left_context is None:
             left_context = receptive_frames(codec.args)
         if left_context < 0:
@@ -125,8 +131,9 @@ class CodecStream:
         self.left_context = left_context
         if compiled is None:
             compiled = K.backend() != "cpu"  # where a decode is bound by its count of launches
-        lengths = schedule_lengths(first_chunk_frames, chunk_frames, left_context) if compiled else ()
-        self.decoder = StreamingDecoder(CodecFrames(codec, lengths), chunk_frames, left_context, first_chunk_frames)
+        lengths = schedule_lengths(first_chunk_frames, chunk_frames, left_context, growth) if compiled else ()
+        self.decoder = StreamingDecoder(CodecFrames(codec, lengths), chunk_frames, left_context, first_chunk_frames,
+                                        growth=growth)
 
     @staticmethod
     def _host(piece: mx.array) -> np.ndarray:
@@ -148,9 +155,9 @@ class CodecStream:
 
 def stream_audio(codec, pieces: Iterable, chunk_frames: int = CHUNK_FRAMES,
                  first_chunk_frames: Optional[int] = FIRST_CHUNK_FRAMES,
-                 left_context: Optional[int] = None) -> Iterator[np.ndarray]:
+                 left_context: Optional[int] = None, growth: int = CHUNK_GROWTH) -> Iterator[np.ndarray]:
     """Codes (C, k) pieces -> float32 waveform chunks, each as soon as its frames exist."""
-    stream = CodecStream(codec, chunk_frames, first_chunk_frames, left_context)
+    stream = CodecStream(codec, chunk_frames, first_chunk_frames, left_context, growth=growth)
     for codes in pieces:
         yield from stream.push(codes)
     yield from stream.flush()

@@ -341,6 +341,8 @@ class StreamingDecoder:
     first piece is decoded after that many frames and each later piece doubles in size up to
     `chunk` (2, 4, 8, 12, 12, ...): a short wait for the first audio, few decodes after it.
     Without it the concatenated output equals `decoder.chunked(all_codes, chunk, left_context)`.
+    `growth`: each piece after the first is this many times the one before (2: doubling), up to
+    `chunk`.
 
     `decoder` is any model with `total_upsample` and `__call__(codes (B, T, Q)) -> (B, samples)`
     (SpeechDecoder, Qwen3-Omni's Code2Wav). `overlap`: samples to keep from before the
@@ -348,9 +350,12 @@ class StreamingDecoder:
     samples late (Code2Wav's 555) would otherwise lose them at every piece boundary."""
 
     def __init__(self, decoder, chunk: int, left_context: int, first_chunk: Optional[int] = None,
-                 overlap: int = 0):
+                 overlap: int = 0, growth: int = 2):
         if chunk < 1 or left_context < 0 or (first_chunk is not None and first_chunk < 1) or overlap < 0:
             raise ValueError("chunk and first_chunk must be >= 1, left_context and overlap >= 0")
+        if growth < 1:
+            raise ValueError("growth must be >= 1")
+        self.growth = growth
         self.decoder = decoder
         self.chunk = chunk
         self.left = left_context
@@ -371,7 +376,7 @@ class StreamingDecoder:
         self.codes = codes if self.codes is None else mx.concatenate([self.codes, codes], axis=1)
         while self.codes.shape[1] - self.start >= self.next:
             piece = self._decode(self.start + self.next)
-            self.next = min(self.chunk, 2 * self.next)
+            self.next = min(self.chunk, self.growth * self.next)
             yield piece
 
     def flush(self) -> Iterator[mx.array]:
