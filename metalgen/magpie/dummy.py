@@ -13,8 +13,8 @@ the real NanoCodec decoder (8 FSQ groups of [8, 7, 6, 6], a 32-dim latent, 864 c
 read by the same `MagpieArgs.from_config` and `NanoCodecArgs.from_config` as a `.nemo`, and the
 model's shapes come from them and from the tensor shapes, as at load. The five baked speakers
 carry the model card's names. The text front end is NeMo's character tokenizers (English,
-Spanish, German, French, Italian, Vietnamese, Hindi); a trailing Japanese phoneme tokenizer, which
-metalgen does not implement, stands for the phoneme vocabularies that fill the rest of the
+Spanish, German, French, Italian, Vietnamese, Hindi); a trailing Japanese phoneme tokenizer without
+its G2P, which metalgen therefore cannot build, stands for the phoneme vocabularies that fill the rest of the
 published text table, so the text ids end where the real ones do (BOS = rows - 2, EOS = rows - 1)
 and `ja` is refused with the phoneme front end's one-line error. The speech is noise.
 """

@@ -27,9 +27,10 @@ Phoneme tokenizers: NeMo's IPATokenizer + IpaG2p (English, Spanish, German, Ital
 French, Hindi, Portuguese, Korean locales) are rebuilt by metalgen/magpie/ipa_tokenizer.py and g2p.py
 from the dictionaries inside the `.nemo` (`nemo:` paths; pass `nemo_path`), always with phoneme
 probability 1.0; Mandarin's ChinesePhonemesTokenizer by metalgen/magpie/zh_g2p.py (encoding needs the
-optional jieba, pypinyin and pypinyin-dict: `metalgen[zh]`). A tokenizer that cannot be built (a missing
-dictionary; Japanese, whose G2P needs pyopenjtalk; Hugging Face byt5 tokenizers) raises a MetalgenError for its
-languages only. Its vocabulary size is then unknown, which would shift every later tokenizer's ids: when
+optional jieba, pypinyin and pypinyin-dict: `metalgen[zh]`); Japanese's JapanesePhonemeTokenizer over
+JapaneseKatakanaAccentG2p by metalgen/magpie/ja_g2p.py (encoding needs the optional pyopenjtalk and its
+dictionary: `metalgen[ja]`). A tokenizer that cannot be built (a missing dictionary; Japanese over NeMo's other
+G2P; Hugging Face byt5 tokenizers) raises a MetalgenError for its languages only. Its vocabulary size is then unknown, which would shift every later tokenizer's ids: when
 it is the only unknown one, the model's text embedding size fixes it (rows = total + BOS + EOS); else
 the languages after it raise too. No text normalization (numbers, dates): that is the caller's job, as
 NeMo's `apply_TN` is off by default.
@@ -321,20 +322,12 @@ LANGUAGE_TOKENIZER_MAP: Dict[str, Tuple[str, ...]] = {
 }
 
 
-# Phoneme tokenizers whose G2P needs third-party segmenters metalgen does not ship.
-_OUT_OF_SCOPE = {
-    "JapanesePhonemeTokenizer": "Japanese (JapanesePhonemeTokenizer, whose G2P needs pyopenjtalk)",
-}
-
-
 def _unavailable_reason(name: str, tc: Mapping[str, Any]) -> str:
     target = str(tc.get("_target_", ""))
     cls = target.rsplit(".", 1)[-1]
     if cls in ("AutoTokenizer", "T5Tokenizer"):
         what = tc.get("pretrained_model", "?")
         return f"its tokenizer '{name}' is a Hugging Face {cls} ({what}), which metalgen does not implement yet"
-    if cls in _OUT_OF_SCOPE:
-        return f"its tokenizer '{name}' is {_OUT_OF_SCOPE[cls]}, which metalgen does not support"
     if "g2p" in tc or "Phoneme" in cls:
         return f"its phoneme front end ('{name}', {cls or 'no class'} with G2P) is not implemented yet"
     return f"its tokenizer '{name}' ({cls or 'no class'}) is not supported"
@@ -393,9 +386,10 @@ class MagpieText:
         `language_to_tokenizer_mapping` and `nemo_version`). `text_vocab_size`, the model's text
         embedding rows when known, is checked against the tokenizers' total + 2. `nemo_path`, the
         `.nemo` the config came from, is where the phoneme tokenizers' `nemo:` dictionaries are read.
-        A tokenizer that cannot be built (a missing dictionary, Japanese, byt5) does not fail
+        A tokenizer that cannot be built (a missing dictionary, byt5) does not fail
         the load: `encode` raises for its languages only."""
         from .ipa_tokenizer import NemoArtifacts, build_ipa_tokenizer
+        from .ja_g2p import build_japanese_tokenizer
         from .unbuilt_sizes import unbuilt_size
         from .zh_g2p import build_chinese_tokenizer
 
@@ -417,12 +411,14 @@ class MagpieText:
                 tok = build_char_tokenizer(name, tc, nemo_version)
                 tokenizers[name] = tok
                 sizes[name] = len(tok.tokens)
-            elif cls_name in ("IPATokenizer", "ChinesePhonemesTokenizer"):
+            elif cls_name in ("IPATokenizer", "ChinesePhonemesTokenizer", "JapanesePhonemeTokenizer"):
                 try:
                     if cls_name == "IPATokenizer":
                         tok = build_ipa_tokenizer(name, tc, nemo_version, artifacts)
-                    else:
+                    elif cls_name == "ChinesePhonemesTokenizer":
                         tok = build_chinese_tokenizer(name, tc, artifacts.read_text)
+                    else:
+                        tok = build_japanese_tokenizer(name, tc)
                 except MetalgenError as e:
                     why = str(e).replace(f"Magpie tokenizer '{name}': ", "", 1)
                     unavailable[name] = f"its tokenizer '{name}' cannot be built: {why}"
@@ -451,7 +447,7 @@ class MagpieText:
     @property
     def languages(self) -> List[str]:
         """Every language the checkpoint maps to one of its tokenizers (including those `encode`
-        refuses: Japanese, byt5, or a phoneme tokenizer whose dictionary is missing)."""
+        refuses: byt5, or a phoneme tokenizer whose dictionary is missing)."""
         return sorted(self.language_map)
 
     @property

@@ -322,7 +322,7 @@ _PROBES = ("a", "\x00")
 
 def _language_errors(tts) -> Dict[str, str]:
     """{language: why} for the checkpoint's languages that no text can be spoken in (a tokenizer metalgen
-    cannot build: Japanese, Mandarin without its optional packages, a missing dictionary). Told apart from a text's own fault without
+    cannot build: Japanese or Mandarin without its optional packages, a missing dictionary). Told apart from a text's own fault without
     reading messages: such a language refuses two unlike texts with the same error, while a working tokenizer's
     error names the text's characters."""
     errors = {}

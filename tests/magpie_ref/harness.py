@@ -108,6 +108,27 @@ def zh_reference_folder() -> Path:
     return _script_dump("METALGEN_MAGPIE_ZH_REF", ZH_SCRIPT, ZH_MARKER, "Mandarin reference dump")
 
 
+JA_SCRIPT = HERE / "make_ja_reference.py"
+JA_MARKER = "ja.json"
+JA_HOW = "run bash tests/magpie_ref/setup_ja.sh"
+
+
+def ja_reference_folder() -> Path:
+    """The folder of make_ja_reference.py's dump (ja.json, ja.nemo): NeMo's Japanese front end with pyopenjtalk,
+    made once per script version, or the calling test skipped when the venv, or pyopenjtalk and its dictionary
+    in it, are missing. METALGEN_MAGPIE_JA_REF=/dir uses an existing dump."""
+    import subprocess
+
+    import pytest
+
+    if not os.environ.get("METALGEN_MAGPIE_JA_REF") and (VENV / "READY").exists() and venv_python().exists():
+        probe = ("import os, pyopenjtalk; "
+                 "assert os.path.isfile(os.path.join(pyopenjtalk.OPEN_JTALK_DICT_DIR.decode(), 'sys.dic'))")
+        if subprocess.run([str(venv_python()), "-c", probe], capture_output=True).returncode != 0:
+            pytest.skip(f"the Magpie reference venv has no pyopenjtalk with its dictionary; {JA_HOW}")
+    return _script_dump("METALGEN_MAGPIE_JA_REF", JA_SCRIPT, JA_MARKER, "Japanese reference dump")
+
+
 def _script_dump(env: str, script: Path, marker: str, what: str) -> Path:
     """The folder of `script`'s dump (it holds `marker`), made once per script version in its own cache
     folder through the NeMo venv, or the calling test skipped when the venv is missing; the environment
