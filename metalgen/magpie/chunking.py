@@ -40,11 +40,17 @@ TITLES = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "rev", "gov", "
 
 
 def word_count(text: str, language: str) -> int:
-    """Words in `text` (whitespace-separated), or non-space characters for zh and ja. NeMo counts
-    Japanese words with pyopenjtalk when it is installed; without it (and metalgen has no Japanese
-    front end) it counts characters, as here."""
+    """Words in `text` (whitespace-separated), non-space characters for zh, and for ja the words of
+    pyopenjtalk's front end where it is installed (characters otherwise, or where it finds none), as
+    NeMo counts them."""
     if not text or not text.strip():
         return 0
+    if language == "ja":
+        from .ja_g2p import njd_word_count
+
+        words = njd_word_count(text)
+        if words:
+            return words
     if language in ("zh", "ja"):
         return sum(1 for c in text if not c.isspace())
     return len(text.split())

@@ -143,6 +143,17 @@ def _frontend(name: str) -> Callable[[str], List[Dict[str, Any]]]:
         return _FRONTEND
 
 
+def njd_word_count(text: str) -> Optional[int]:
+    """The words pyopenjtalk's front end finds in `text` (entries with a non-blank surface string), which NeMo's
+    long-text chunking counts for Japanese; None where pyopenjtalk or its dictionary is missing (NeMo then
+    counts characters)."""
+    try:
+        run = _frontend("japanese_phoneme")
+    except MetalgenError:
+        return None
+    return sum(1 for w in run(text) if isinstance(w, dict) and str(w.get("string", "")).strip())
+
+
 # ------------------------------------------------------------------------------ the tokenizer
 
 

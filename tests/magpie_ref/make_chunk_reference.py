@@ -125,6 +125,13 @@ def splits(model, arrays, meta):
         cases.append(entry)
     meta["splits"] = cases
     meta["thresholds"] = dict(th.thresholds)
+    # NeMo counts Japanese words with pyopenjtalk where it imports, characters otherwise
+    try:
+        import pyopenjtalk  # noqa: F401
+
+        meta["ja_counts"] = "pyopenjtalk"
+    except ImportError:
+        meta["ja_counts"] = "characters"
 
 
 def run_do_tts(model, text, language, use_cfg, cached=False):
