@@ -207,6 +207,6 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - tic
     seconds = samples / sr
     print(f"wrote {out}: {seconds:.2f} s of audio at {sr} Hz in {elapsed:.2f} s "
-          f"(real-time factor {elapsed / max(seconds, 1e-9):.2f})"
+          f"({seconds / max(elapsed, 1e-9):.2f}x real time)"
           + (f"; first audio after {first:.2f} s" if first is not None else ""), file=sys.stderr)
     return 0

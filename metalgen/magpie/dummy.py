@@ -13,10 +13,10 @@ the real NanoCodec decoder (8 FSQ groups of [8, 7, 6, 6], a 32-dim latent, 864 c
 read by the same `MagpieArgs.from_config` and `NanoCodecArgs.from_config` as a `.nemo`, and the
 model's shapes come from them and from the tensor shapes, as at load. The five baked speakers
 carry the model card's names. The text front end is NeMo's character tokenizers (English,
-Spanish, German, French, Italian, Vietnamese, Hindi); a trailing Japanese phoneme tokenizer without
-its G2P, which metalgen therefore cannot build, stands for the phoneme vocabularies that fill the rest of the
-published text table, so the text ids end where the real ones do (BOS = rows - 2, EOS = rows - 1)
-and `ja` is refused with the phoneme front end's one-line error. The speech is noise.
+Spanish, German, French, Italian, Vietnamese, Hindi) and the published Japanese entry (which encodes
+where pyopenjtalk is installed); a trailing Brazilian Portuguese phoneme tokenizer whose dictionary the
+dummy lacks stands for the phoneme vocabularies that fill the rest of the published text table, so the
+text ids end where the real ones do (BOS = rows - 2, EOS = rows - 1). The speech is noise.
 """
 
 from __future__ import annotations
@@ -52,9 +52,18 @@ _CHAR_TOKENIZERS = [
 def _tokenizers() -> Dict[str, Any]:
     section = {name: {"_target_": _TT + cls, "punct": True, "apostrophe": True, "pad_with_space": False}
                for name, cls in _CHAR_TOKENIZERS}
-    # Last, so that no character tokenizer's offset depends on its (unknown) vocabulary size.
-    section["japanese_phoneme"] = {"_target_": _TT + "JapanesePhonemeTokenizer", "punct": True,
-                                   "apostrophe": True, "pad_with_space": True}
+    # The published Japanese entry (its vocabulary needs only this config; encoding needs pyopenjtalk).
+    section["japanese_phoneme"] = {
+        "_target_": _TT + "JapanesePhonemeTokenizer", "punct": True, "apostrophe": False, "pad_with_space": True,
+        "g2p": {"_target_": "nemo.collections.tts.g2p.models.ja_jp_ipa.JapaneseKatakanaAccentG2p",
+                "ascii_letter_prefix": "", "ascii_letter_case": "upper"}}
+    # Last, so that no other tokenizer's offset depends on its vocabulary size, which stays unknown (its
+    # dictionary is not in the dummy) and so fills the rest of the published table.
+    section["portuguese_Brazilian_phoneme"] = {
+        "_target_": _TT + "IPATokenizer", "locale": "pt-BR", "punct": True, "apostrophe": True,
+        "pad_with_space": True,
+        "g2p": {"_target_": "nemo.collections.tts.g2p.models.i18n_ipa.IpaG2p", "locale": "pt-BR",
+                "phoneme_dict": "nemo:pt_br_prondict-v1.0.dict"}}
     return section
 
 
