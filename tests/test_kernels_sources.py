@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from kernels_metal import source as S
+from nvcc_batch import NVCC, nvcc_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = {"eps": 1, "params": 4, "scale": 1, "fparams": 4, "iparams": 2, "state": 2}
@@ -99,24 +100,19 @@ def test_stub_compile_catches_typos(tmp_path):
     assert _compile(leak, tmp_path, "leak").returncode != 0
 
 
-NVCC = shutil.which("nvcc")
-
-
-def _nvcc(text, tmp_path, name):
-    src = tmp_path / f"{name}.cu"
-    src.write_text("#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
-                   "#include <cooperative_groups.h>\n" + text)
-    return subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(src), "-o",
-                           str(tmp_path / f"{name}.o")], capture_output=True, text=True, timeout=300)
-
-
 # the decode layer kernels have their own nvcc test (tests/test_decode_paths.py)
 NVCC_KERNELS = [k for k in S.KERNELS if not k.startswith("decode_layer")]
 
 
+@pytest.fixture(scope="module")
+def nvcc_results(tmp_path_factory):
+    """Every kernel's CUDA program through nvcc, compiled concurrently once for the module."""
+    return nvcc_all({name: S.cuda_program(S.SPECS[name]) for name in NVCC_KERNELS}, tmp_path_factory.mktemp("nvcc"))
+
+
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 @pytest.mark.parametrize("name", NVCC_KERNELS)
-def test_cuda_variants_compile_with_nvcc(tmp_path, name):
-    r = _nvcc(S.cuda_program(S.SPECS[name]), tmp_path, name)
+def test_cuda_variants_compile_with_nvcc(nvcc_results, name):
+    r = nvcc_results[name]
     assert r.returncode == 0, r.stderr[:3000]
     assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
