@@ -120,6 +120,9 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3.5-397b-a17b": _hybrid_moe("qwen3_5_moe", 4096, 60, 32, 2, 16, 64, _QWEN35_VOCAB, 512, 10, 1024, 1024),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
+    # 7 query heads of 128 on one KV head (Qwen2.5-7B's 28 / 4): where the decode kernels' attention items
+    # take 2 query heads of a KV head each (long contexts), the last item of a split takes 1
+    "tiny-qwen2-gqa7": _qwen2(896, 2, 7, 1, 256) | {"max_position_embeddings": 2048},
     # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top 2; head_dim 64, the
     # smallest the decode kernels take
     "tiny-qwen3-moe": _qwen3_moe(128, 3, 4, 2, 256, 64, 8, 2, head_dim=64, max_position_embeddings=2048,

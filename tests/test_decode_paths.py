@@ -2,7 +2,6 @@
 
 import re
 import shutil
-import subprocess
 
 import mlx.core as mx
 import pytest
@@ -206,20 +205,31 @@ def test_v2_metal_text():
     assert "#define MG_DECODE_V 2" in text and "#define MG_GRID 0" in text and "mg_device_add_f32" in text
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
-@pytest.mark.parametrize("name", ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2",
-                                  "decode_megakernel_moe", "decode_layer_moe", "decode_megakernel_q",
-                                  "decode_megakernel_moe_q", "decode_megakernel_hybrid", "decode_megakernel_hybrid_q",
-                                  "decode_layer_hybrid"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
+DECODE_NVCC = ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2", "decode_megakernel_moe",
+               "decode_layer_moe", "decode_megakernel_q", "decode_megakernel_moe_q", "decode_megakernel_hybrid",
+               "decode_megakernel_hybrid_q", "decode_layer_hybrid"]
+
+
+def _decode_program(name: str, head_dim: int) -> str:
     spec = S.CUDA_ONLY_SPECS.get(name) or S.SPECS[name]
-    prog = re.sub(r"constexpr int D = \d+;", f"constexpr int D = {head_dim};", S.cuda_program(spec))
-    src = tmp_path / f"{spec.name}.cu"
-    src.write_text("#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
-                   "#include <cooperative_groups.h>\n" + prog)
-    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(src), "-o",
-                        str(tmp_path / "k.o")], capture_output=True, text=True, timeout=180)
+    return re.sub(r"constexpr int D = \d+;", f"constexpr int D = {head_dim};", S.cuda_program(spec))
+
+
+@pytest.fixture(scope="module")
+def decode_nvcc(tmp_path_factory):
+    """Every decode kernel variant at head_dim 64 and 128 through nvcc, compiled concurrently once."""
+    from nvcc_batch import nvcc_all
+
+    programs = {f"{name}_{d}": _decode_program(name, d) for name in DECODE_NVCC for d in (64, 128)}
+    return nvcc_all(programs, tmp_path_factory.mktemp("decode_nvcc"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+@pytest.mark.parametrize("name", DECODE_NVCC)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_megakernel_compiles_with_nvcc(decode_nvcc, name, head_dim):
+    prog = _decode_program(name, head_dim)
+    r = decode_nvcc[f"{name}_{head_dim}"]
     assert r.returncode == 0, r.stderr[:3000]
     # 2 groups of 256 threads per multiprocessor must fit (65536 registers), else the megakernel's
     # grid barrier deadlocks: its launch bounds (preludes/cuda_tail.h) hold it to 128; and nothing
@@ -235,13 +245,18 @@ def test_megakernel_compiles_with_nvcc(tmp_path, name, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,mode", [(s, m) for s in ("qwen2.5-0.5b", "qwen3-0.6b") for m in ("fused", "megakernel")]
-                         + [("qwen3-4b", "megakernel")])
-def test_gpu_paths_match_plain(shape, mode):
+@pytest.mark.parametrize("shape,mode,grouped", [(s, m, False) for s in ("qwen2.5-0.5b", "qwen3-0.6b")
+                                                for m in ("fused", "megakernel")] + [("qwen3-4b", "megakernel", False)]
+                         + [(s, m, True) for s in ("qwen3-0.6b", "tiny-qwen2-gqa7") for m in ("fused", "megakernel")])
+def test_gpu_paths_match_plain(shape, mode, grouped, monkeypatch):
     import kernels_metal
+
+    import metalgen.decode.gpu as decode_gpu
 
     if mode == "megakernel" and kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
+    if grouped:  # attention items of 2 query heads (a long context's) from the first position on
+        monkeypatch.setattr(decode_gpu, "GROUP_FROM", 1)
     model = load(f"dummy:{shape}")[0]
     vs_plain, fast32, plain32 = step_errors_vs_float32(model, mode, prompt_tokens=128, steps=256)
     print(f"{shape} {mode}: vs plain {max(vs_plain):.4f}; vs float32 {max(fast32):.4f} (plain bf16 {max(plain32):.4f})")
@@ -288,7 +303,30 @@ def test_megakernel_equals_fused_bitwise():
     if kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
     # positions 150..189: 3 splits a head
-    assert largest_gap_between(load("dummy:qwen3-0.6b")[0], ("fused", "megakernel_v1"), 150, 40) == 0.0
+    model = load("dummy:qwen3-0.6b")[0]
+    assert largest_gap_between(model, ("fused", "megakernel_v1"), 150, 40) == 0.0
+
+
+@pytest.mark.gpu
+def test_grouped_attention_megakernel_equals_fused_bitwise(monkeypatch):
+    # items of 2 query heads (a long context's): the last split of a group merges both heads in phase 1
+    import kernels_metal
+
+    import metalgen.decode.gpu as decode_gpu
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    monkeypatch.setattr(decode_gpu, "GROUP_FROM", 1)
+    for shape in ("qwen3-0.6b", "tiny-qwen2-gqa7"):
+        assert largest_gap_between(load(f"dummy:{shape}")[0], ("fused", "megakernel_v1"), 150, 40) == 0.0, shape
+
+
+def test_attention_group_rule():
+    # one query head an item below GROUP_FROM positions, 2 (at most the group's) from it on
+    from metalgen.decode.gpu import GROUP_FROM, attention_group
+
+    assert attention_group(16, 8, GROUP_FROM - 1) == 1 and attention_group(16, 8, GROUP_FROM) == 2
+    assert attention_group(14, 2, 16384) == 2 and attention_group(16, 16, 16384) == 1
 
 
 NEAR_TIE = 0.03  # router gap (k-th minus (k+1)-th score) in standard deviations of the scores

@@ -57,6 +57,22 @@ _KERNELS = {}
 GRID_BLOCKS: Optional[int] = None
 
 
+# From this many positions on, a decode attention item takes 2 query heads of a KV head, so that a split's
+# keys and values are read once for both (decode_layer.body's GQ); below, one query head an item, whose
+# items are twice as many. H200, 2026-11-25 (benchmarks/results/decode_h200_2026-11-25/), grouped against
+# one head an item in the same run: qwen3-0.6b at 16384 positions 409.3 against 332.8 tok/s (+23%),
+# 12288 +20%, 8192 +11%, 6144 +6%, but 4096 -3% and 128 -12%; qwen2.5-0.5b at 16384 552.7 against 453.7
+# (+22%).
+GROUP_FROM = 6144
+GROUP_MAX = 2  # decode_layer.body's GQM: the query heads an item's registers hold (1 in the hybrid kernels)
+
+
+def attention_group(heads: int, kv_heads: int, length: int, most: int = GROUP_MAX) -> int:
+    """The query heads a decode attention item takes at `length` positions (decode_layer.body's GQ), at
+    most `most` (the kernel's GQM)."""
+    return min(heads // kv_heads, most) if length >= GROUP_FROM else 1
+
+
 def grid_blocks(blocks_per_sm: int = 2) -> int:
     if GRID_BLOCKS:
         return int(GRID_BLOCKS)
@@ -119,7 +135,10 @@ class _GpuDecoder:
         self.phases = 6 if m is not None else 5
         self.steps = self.phases * w.layers + 1
         self.blocks = blocks or grid_blocks()
-        self.max_splits = max(1, self.blocks // w.heads)
+        # attention items are (KV head, group of query heads, split): as many splits as keep every group busy,
+        # at most when each item takes GROUP_MAX query heads
+        self.group_max = 1 if w.hybrid is not None else GROUP_MAX
+        self.max_splits = max(1, self.blocks // self._items_per_split(self.group_max))
         # the activation buffer: the dense intermediate size, or the chosen experts' and the shared one's
         act = max(w.inter, m.top_k * m.inter + m.shared) if m is not None else w.inter
         sk = max(w.hidden, w.q_dim, act, hy.value_heads * hy.value_dim if hy is not None else 0)
@@ -176,8 +195,16 @@ class _GpuDecoder:
             mx.eval(state.scratch)
         return state
 
+    def _items_per_split(self, group: int) -> int:
+        """Attention items a context split makes when each takes `group` query heads of a KV head."""
+        g = self.w.heads // self.w.kv_heads
+        return self.w.kv_heads * -(-g // min(group, g))
+
     def splits(self, length: int):
-        ns = max(1, min(self.max_splits, -(-length // MIN_CHUNK)))
+        """(splits, positions a split) of `length` positions: enough items to keep the groups busy."""
+        group = attention_group(self.w.heads, self.w.kv_heads, length, self.group_max)
+        most = max(1, min(self.max_splits, self.blocks // self._items_per_split(group)))
+        ns = max(1, min(most, -(-length // MIN_CHUNK)))
         chunk = -(-length // ns)
         return -(-length // chunk), chunk
 
@@ -187,7 +214,8 @@ class _GpuDecoder:
         return [w.hidden, w.heads, w.kv_heads, w.inter, w.layers, pos, capacity, use_emb, s_begin, s_end, ns,
                 chunk, self.blocks, self.barrier_offset, self.v2_offset,
                 self.stamp_offset if self.stamp_steps else 0, self.merge_offset, self.moe_offset,
-                int(w.moe is not None and w.moe.norm_topk), self.hybrid_offset]
+                int(w.moe is not None and w.moe.norm_topk), self.hybrid_offset,
+                attention_group(w.heads, w.kv_heads, pos + 1, self.group_max)]
 
     def _params(self, state, use_emb, s_begin, s_end):
         """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
