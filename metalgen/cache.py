@@ -179,6 +179,36 @@ def trim_prompt_cache(cache, n: int) -> int:
     return n
 
 
+def copy_prompt_cache(cache) -> Optional[List]:
+    """A copy of per-layer caches (KVCache, LinearAttnCache) that later updates of either leave alone, or
+    None for caches of other kinds. The copy holds the same arrays (MLX arrays are values), under new
+    objects: a KVCache appends by slice assignment into its own array object, so the copy keeps a slice
+    of the valid positions instead (its next append grows a new buffer); a Gated DeltaNet layer replaces
+    its state arrays at every step, so they are shared as they are."""
+    if not isinstance(cache, list):
+        return None
+    out = []
+    for c in cache:
+        if isinstance(c, KVCache):
+            new = KVCache(c.max_size)
+            if c.keys is not None and c.offset > 0:
+                new.keys, new.values = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+            new.offset = c.offset
+        elif isinstance(c, LinearAttnCache):
+            new = LinearAttnCache()
+            new.conv_state, new.recurrent, new.offset = c.conv_state, c.recurrent, c.offset
+        else:
+            return None
+        out.append(new)
+    return out
+
+
+def can_trim_prompt_cache(cache) -> bool:
+    """Whether `trim_prompt_cache` can take positions back from this cache (not where a layer is a Gated
+    DeltaNet layer's state)."""
+    return hasattr(cache, "trim") or all(isinstance(c, KVCache) for c in cache)
+
+
 def save_prompt_cache(path: Union[str, Path], cache: List, metadata: Optional[dict] = None) -> None:
     """Write a filled per-layer cache to a safetensors file (each layer's kind, offset and arrays;
     `metadata`: the caller's strings, e.g. the model it belongs to)."""

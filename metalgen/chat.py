@@ -11,18 +11,35 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from .cache import cache_length, common_prefix, make_prompt_cache, trim_prompt_cache
+import mlx.core as mx
+
+from .cache import (cache_length, can_trim_prompt_cache, common_prefix, copy_prompt_cache, make_prompt_cache,
+                    trim_prompt_cache)
 from .errors import MetalgenError
-from .generate import GenerationResponse, stream_generate
+from .generate import GenerationResponse, check_prompt, stream_generate
 from .sampling import make_logits_processors, make_sampler
 
 
 class ReusedCache:
     """One prompt cache reused from request to request: `feed(ids)` trims it to the longest prefix it
-    shares with `ids` and returns the ids still to be fed; `commit(...)` records what it then holds."""
+    shares with `ids` and returns the ids still to be fed; `commit(...)` records what it then holds.
 
-    def __init__(self, model, decode: Optional[str] = None):
+    With `checkpoints`, a cache that cannot be trimmed (a hybrid stack's Gated DeltaNet states have no
+    positions to cut) keeps a checkpoint instead: `feed` prefills all of a prompt but its last id itself
+    and keeps a copy of the cache there, which a later prompt that starts with those ids (a request's
+    next choice, a chat's next turn) resumes from, rather than from nothing. The checkpoint costs one
+    more copy of the attention layers' keys and values (the states are shared until they change). After
+    `feed`, `held` is the positions it kept from before (the trimmed cache's or the checkpoint's) and
+    `prefilled` counts the ids it fed itself, since the start."""
+
+    def __init__(self, model, decode: Optional[str] = None, prefill_step_size: int = 512,
+                 checkpoints: bool = False):
         self.model, self.decode = model, decode
+        self.prefill_step_size = prefill_step_size
+        self.checkpoints = checkpoints
+        self.checkpoint = None  # (ids, cache copy) of an untrimmable cache
+        self.held = 0
+        self.prefilled = 0
         self.reset()
 
     def reset(self) -> None:
@@ -35,10 +52,37 @@ class ReusedCache:
         # past `keep`: the ids that differ, and whatever a generation stopped before its commit fed
         drop = cache_length(self.cache) - keep
         if trim_prompt_cache(self.cache, drop) != drop:
-            self.reset()  # a cache that cannot go back (Gated DeltaNet layers): start again
-            keep = 0
+            keep = self._resume(ids)  # a cache that cannot go back (Gated DeltaNet layers)
         self.fed = list(ids[:keep])
-        return list(ids[keep:])
+        self.held = keep
+        rest = list(ids[keep:])
+        if self.checkpoints and len(rest) > 1 and not can_trim_prompt_cache(self.cache):
+            check_prompt(self.model, ids)  # before feeding any of it, as stream_generate would
+            self._prefill(rest[:-1])
+            self.fed += rest[:-1]
+            copy = copy_prompt_cache(self.cache)
+            self.checkpoint = (list(self.fed), copy) if copy is not None else None
+            rest = rest[-1:]
+        return rest
+
+    def _resume(self, ids: List[int]) -> int:
+        """The checkpoint's copy when its ids begin `ids` (and leave one to feed), else a fresh cache; the
+        positions it holds."""
+        if self.checkpoints and self.checkpoint is not None:
+            held, copy = self.checkpoint
+            if len(held) < len(ids) and ids[: len(held)] == held:
+                self.cache = copy_prompt_cache(copy)  # a copy again: the checkpoint serves the next one too
+                return len(held)
+        self.reset()
+        return 0
+
+    def _prefill(self, ids: List[int]) -> None:
+        """Feed `ids` through the model into the cache, `prefill_step_size` at a time."""
+        for i in range(0, len(ids), self.prefill_step_size):
+            chunk = mx.array(ids[i : i + self.prefill_step_size], mx.int32)[None]
+            self.model.hidden(chunk, cache=self.cache, layer_by_layer=True)
+            mx.eval([c.state for c in self.cache])
+        self.prefilled += len(ids)
 
     def commit(self, fed: List[int], generated: List[int]) -> None:
         """After a generation from `fed` (feed's answer): the cache holds those, then the generated tokens
@@ -65,7 +109,7 @@ class ChatSession:
         self.sampler = make_sampler(temperature, top_k, top_p, min_p, seed)
         self.processors = make_logits_processors(repetition_penalty, repetition_context_size)
         self.prefill_step_size = prefill_step_size
-        self.reused = ReusedCache(model, decode)
+        self.reused = ReusedCache(model, decode, prefill_step_size)
         self.reset()
 
     @property

@@ -286,6 +286,23 @@ def _peak_memory_gb() -> float:
     return mx.get_peak_memory() / 1e9
 
 
+def check_prompt(model, prompt: Sequence[int], held: int = 0) -> None:
+    """Raise MetalgenError for a prompt `model` cannot take after `held` cached positions: empty, past the
+    context (with room for one generated token), or an id outside the vocabulary."""
+    if not prompt:
+        raise MetalgenError("the prompt is empty")
+    context = model.spec.max_position_embeddings
+    if held + len(prompt) >= context:
+        raise MetalgenError(
+            f"the prompt has {len(prompt)} tokens" + (f" after {held} in the prompt cache" if held else "")
+            + f", past the model's context of {context}"
+        )
+    vocab = model.spec.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise MetalgenError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab}")
+
+
 def stream_generate(
     model,
     tokenizer,
@@ -309,19 +326,10 @@ def stream_generate(
     `top_logprobs` k > 0: each response carries the step's k most likely tokens (computed on the device).
     """
     prompt = list(prompt)
-    if not prompt:
-        raise MetalgenError("the prompt is empty")
-    context = model.spec.max_position_embeddings
     held = cache_length(prompt_cache) if prompt_cache is not None else 0  # a conversation's earlier turns
-    if held + len(prompt) >= context:
-        raise MetalgenError(
-            f"the prompt has {len(prompt)} tokens" + (f" after {held} in the prompt cache" if held else "")
-            + f", past the model's context of {context}"
-        )
+    check_prompt(model, prompt, held)
+    context = model.spec.max_position_embeddings
     vocab = model.spec.vocab_size
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise MetalgenError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab}")
     if max_tokens < 0:
         raise MetalgenError(f"max tokens must be >= 0, got {max_tokens}")
     if not 0 <= top_logprobs <= vocab:

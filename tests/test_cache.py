@@ -56,3 +56,33 @@ def test_loading_a_file_that_is_not_a_prompt_cache(tmp_path):
         load_prompt_cache(tmp_path / "w.safetensors")
     with pytest.raises(MetalgenError, match="not a metalgen prompt cache"):
         load_prompt_cache(tmp_path / "missing.safetensors")
+
+
+
+def test_copy_prompt_cache_is_left_alone_by_later_updates():
+    # a hybrid stack's per-layer caches: KVCache (slice-assigned in place) and Gated DeltaNet states
+    # (replaced each step): the copy and the original each go on as if the other did not exist
+    import metalgen
+    from metalgen.cache import cache_length, copy_prompt_cache, make_prompt_cache
+
+    model = metalgen.load("dummy:tiny-qwen3.5", dtype="float32")[0]
+
+    def logits_after(ids, cache=None):
+        cache = cache if cache is not None else make_prompt_cache(model, decode="plain")
+        out = model.logits(model.hidden(mx.array([ids], mx.int32), cache=cache)[:, -1, :])
+        mx.eval(out)
+        return out, cache
+
+    _, cache = logits_after([5, 6, 7, 8])
+    assert {type(c) for c in cache} == {KVCache, LinearAttnCache}
+    copy = copy_prompt_cache(cache)
+    logits_after([1, 2, 3], cache)  # the original moves on
+    got_copy, _ = logits_after([9], copy)
+    got_orig, _ = logits_after([9], cache)
+    assert cache_length(copy) == 5 and cache_length(cache) == 8
+    want_copy, _ = logits_after([5, 6, 7, 8, 9])
+    want_orig, _ = logits_after([5, 6, 7, 8, 1, 2, 3, 9])
+    np.testing.assert_allclose(np.array(got_copy), np.array(want_copy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(got_orig), np.array(want_orig), rtol=1e-4, atol=1e-4)
+    assert np.abs(np.array(want_copy) - np.array(want_orig)).max() > 1e-3  # the two histories differ
+    assert copy_prompt_cache([object()]) is None and copy_prompt_cache(object()) is None

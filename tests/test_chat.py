@@ -57,6 +57,45 @@ def test_a_hybrid_chat_starts_its_cache_again_where_it_cannot_trim():
     assert got == fresh_reply(model, tok, before, len(got))
 
 
+def test_a_hybrid_cache_resumes_from_its_checkpoint():
+    # with checkpoints (the server's), feed prefills a hybrid prompt but its last id and keeps a copy there:
+    # the same prompt again (a request's next choice) and a longer one that starts with it (a chat's next
+    # turn) resume from it, and generate what a fresh cache does
+    from metalgen.chat import ReusedCache
+
+    model, tok = metalgen.load("dummy:tiny-qwen3.5", dtype="float32")
+    reused = ReusedCache(model, "plain", prefill_step_size=8, checkpoints=True)
+    ids = tok.encode("A prompt long enough to take a few prefill chunks of eight ids")
+
+    def run(prompt):
+        new = reused.feed(prompt)
+        out = [r.token for r in metalgen.stream_generate(model, tok, new, max_tokens=5, prompt_cache=reused.cache)]
+        reused.commit(new, out)
+        return new, out
+
+    fresh = lambda prompt: [t for t, _ in generate_step(mx.array(prompt, mx.int32), model, max_tokens=5,  # noqa: E731
+                                                        decode="plain")]
+    new, first = run(ids)
+    assert new == ids[-1:] and reused.held == 0 and reused.prefilled == len(ids) - 1
+    assert reused.checkpoint[0] == ids[:-1] and first == fresh(ids)
+    new, again = run(ids)  # the cache moved on past the prompt and cannot go back: the checkpoint
+    assert new == ids[-1:] and reused.held == len(ids) - 1 and reused.prefilled == len(ids) - 1
+    assert again == first
+    branch = ids[:-1] + tok.encode(" then something different, at some length")
+    new, turn = run(branch)  # shares the checkpoint's ids, then differs from what the cache holds
+    assert reused.held == len(ids) - 1 and new == branch[-1:]
+    assert reused.prefilled == (len(ids) - 1) + (len(branch) - len(ids)) and turn == fresh(branch)
+    longer = branch + turn + tok.encode(" and a next turn")
+    new, nxt = run(longer)  # goes on from what the cache holds: no trim needed
+    assert reused.held == len(branch) + len(turn) - 1 and nxt == fresh(longer)
+    other = tok.encode("Something else entirely")
+    new, _ = run(other)  # shares nothing with the checkpoint: a fresh cache
+    assert reused.held == 0 and reused.checkpoint[0] == other[:-1]
+    # without checkpoints (metalgen chat's), a hybrid cache starts again and feeds the prompt whole
+    plain = ReusedCache(model, "plain")
+    assert plain.feed(ids) == ids and plain.checkpoint is None
+
+
 def test_trim_prompt_cache():
     model = metalgen.load("dummy:tiny-qwen3", dtype="float32")[0]
     for decode in ("plain", "reference"):

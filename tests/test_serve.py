@@ -316,3 +316,32 @@ def test_limits_name_their_field_and_bound():
     assert e.value.param == "max_tokens"
     with pytest.raises(RequestError, match="'top_p' must be between 0.0 and 1.0, got 2"):
         parse_request(dict(body, top_p=2), "chat", 16)
+
+
+def test_a_hybrid_models_n_choices_prefill_the_prompt_once():
+    """A hybrid stack (served one at a time: its cache cannot be trimmed) keeps a checkpoint at the prompt,
+    so choices 1 and 2 of n=3 resume there and feed only the prompt's last token again; each choice is the
+    n=1 request with its seed, and the usage says what was cached."""
+    model, tok = metalgen.load("dummy:tiny-qwen3.5", dtype="float32")
+    engine = Engine(model, tok, NAME, decode="plain", max_batch=4)
+    assert engine.max_batch == 1  # hybrid stacks are not batched
+    with live_server(make_app(engine, 16)) as port:
+        url = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        kw = dict(model=NAME, prompt="Three choices of one hybrid prompt, long enough to show a second feed. " * 2,
+                  max_tokens=4, temperature=1.0, logprobs=0)
+        n_ids = len(tok.encode(kw["prompt"]))
+
+        def fed(**more):
+            before = httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"]
+            r = client.completions.create(**kw, **more)
+            return r, httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"] - before
+
+        r, delta = fed(n=3, seed=5)
+        assert delta == n_ids + 2 and r.usage.prompt_tokens_details.cached_tokens == 0
+        alone = []
+        for i in range(3):
+            one, delta = fed(seed=5 + i)
+            assert delta == 1 and one.usage.prompt_tokens_details.cached_tokens == n_ids - 1
+            alone.append(one.choices[0].logprobs.tokens)
+        assert [c.logprobs.tokens for c in r.choices] == alone and len(set(map(tuple, alone))) > 1

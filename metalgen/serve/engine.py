@@ -230,7 +230,8 @@ class Engine:
         with mx.stream(self.stream):
             if self.max_batch > 1:
                 return self._work_batched()  # for the server's life
-            self.reused = ReusedCache(self.model, self.decode)
+            # checkpoints: a hybrid stack's n choices and a chat's next turn resume from the prompt's state
+            self.reused = ReusedCache(self.model, self.decode, self.prefill_step_size, checkpoints=True)
             while True:
                 self._serve(self.jobs.get())
 
@@ -351,8 +352,8 @@ class Engine:
     def _generate(self, job: Job) -> None:
         req = job.req
         new = self.reused.feed(job.ids)
-        cached = len(job.ids) - len(new)
-        self._prefilled += len(new)
+        cached = self.reused.held  # what the cache held of the prompt (feed may have fed more itself)
+        self._prefilled += len(job.ids) - cached
         sampler = make_sampler(req.temperature, req.top_k, req.top_p, req.min_p, req.seed)
         processors = self._processors(req, len(new))  # the history of a generation on the cache starts at `new`
         out, finish = [], "length"
