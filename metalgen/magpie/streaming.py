@@ -29,8 +29,8 @@ from ..errors import MetalgenError
 # chunk is 4 times the one before, up to 64 frames (3.0 s). A decode costs about the same at any of
 # these lengths on a GPU (it is bound by its count of operations, and each chunk also recomputes the
 # 25-frame left context), so fewer, longer chunks are faster: growing x4 instead of doubling took the
-# codec from 0.87 to 0.61 ms a frame and the real-time factor from 23 to 26 (H200, docs/magpie.md
-# 5.5). The player is never starved as long as generation runs at least 4x real time (the 16-frame
+# codec from 0.79 to 0.57 ms a frame and the real-time factor from 23.7 to 26.6 (bf16, H200,
+# docs/magpie.md 5.5). The player is never starved as long as generation runs at least 4x real time (the 16-frame
 # second chunk must be ready while the first one plays); a slower machine passes chunk_growth=2.
 FIRST_CHUNK_FRAMES = 4
 CHUNK_FRAMES = 64
