@@ -257,13 +257,12 @@ def test_largest_decode_variant_compiles_without_spills(tmp_path):
     spec = S.SPECS["gated_delta_step"]
     f = mx.float32
     example = dict(spec.example, dtypes=[f, f, f, f, f, f, mx.int32], out=[f, f], tmpl=[f, 256, 256, 8])
-    src = tmp_path / "gd.cu"
-    src.write_text("#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
-                   "#include <cooperative_groups.h>\n" + S.cuda_program(dataclasses.replace(spec, example=example)))
-    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(src), "-o",
-                        str(tmp_path / "gd.o")], capture_output=True, text=True, timeout=300)
+    from nvcc_batch import nvcc
+
+    r = nvcc(S.cuda_program(dataclasses.replace(spec, example=example)), tmp_path, "gd")
     assert r.returncode == 0, r.stderr[:3000]
-    assert "0 bytes spill stores" in r.stderr and "constexpr int DK = 256;" in src.read_text(), r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stderr and "constexpr int DK = 256;" in (tmp_path / "gd.cu").read_text(), \
+        r.stderr[-2000:]
 
 
 # The decode body run on the CPU: each thread of a group an OS thread (C++20 std::barrier for
