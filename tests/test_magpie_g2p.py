@@ -8,13 +8,11 @@ rules on small inline dictionaries, so CI still checks them."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pytest
 
-from magpie_ref.harness import g2p_reference_folder
+from magpie_ref.harness import assert_tokenizers_match, g2p_reference_folder, nemo_config, write_nemo_files
 from metalgen.errors import MetalgenError
 from metalgen.magpie.g2p import IpaG2p, parse_dictionary, split_words
 from metalgen.magpie.text import MagpieText
@@ -23,34 +21,19 @@ TT = "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers."
 G2P = "nemo.collections.tts.g2p.models.i18n_ipa.IpaG2p"
 
 
-def text_config(folder):
-    """model_config.yaml of the dump's tiny `.nemo` (which holds no weights)."""
-    import yaml
-
-    with tarfile.open(folder / "g2p.nemo") as tar:
-        return yaml.safe_load(tar.extractfile("./model_config.yaml").read().decode("utf-8"))
-
-
 @pytest.fixture(scope="module")
 def dump():
     folder = g2p_reference_folder()
     ref = json.loads((folder / "g2p.json").read_text())
     # No text_vocab_size: every size, Mandarin's included, must come from the tokenizers themselves.
-    text = MagpieText.from_config(text_config(folder), nemo_path=folder / "g2p.nemo")
+    text = MagpieText.from_config(nemo_config(folder / "g2p.nemo"), nemo_path=folder / "g2p.nemo")
     return ref, text
 
 
 def test_vocabularies_offsets_and_specials(dump):
-    ref, text = dump
-    assert text.order == ref["tokenizer_order"]
     # The dump's NeMo builds Mandarin with stand-in segmenters (its vocabulary needs only the dictionary);
     # metalgen builds it too (tests/test_magpie_zh.py checks its encoding against NeMo with jieba and pypinyin).
-    assert not text.unavailable
-    for name in ref["tokenizer_order"]:
-        assert text.offsets[name] == ref["offsets"][name], name
-        assert text.tokenizers[name].tokens == ref["tokens"][name], name
-        assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
-    assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+    assert_tokenizers_match(*dump)
 
 
 def test_mandarin_vocabulary(dump):
@@ -59,7 +42,7 @@ def test_mandarin_vocabulary(dump):
 
     ref, text = dump
     folder = g2p_reference_folder()
-    cfg = text_config(folder)
+    cfg = nemo_config(folder / "g2p.nemo")
     tokens = mandarin_tokens(cfg["text_tokenizers"]["mandarin_phoneme"], NemoArtifacts(folder / "g2p.nemo").read_text)
     assert tokens == ref["tokens"]["mandarin_phoneme"]
     assert text.tokenizer_name("zh") == "mandarin_phoneme" and "mandarin_phoneme" in text.tokenizers
@@ -187,14 +170,7 @@ def _config(**extra):
 
 
 def _nemo(tmp_path, files):
-    path = tmp_path / "tiny.nemo"
-    with tarfile.open(path, "w") as tar:
-        for name, text in files.items():
-            data = text.encode("utf-8")
-            info = tarfile.TarInfo("./" + name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_nemo_files(tmp_path / "tiny.nemo", files)
 
 
 def test_ids_from_a_nemo_archive(tmp_path):

@@ -14,11 +14,11 @@ import hashlib
 import json
 import os
 import sys
-import tarfile
 import types
 
 import pytest
 
+from magpie_ref.harness import assert_tokenizers_match, nemo_config
 from metalgen.errors import MetalgenError
 from metalgen.magpie import ja_g2p
 from metalgen.magpie.text import MagpieText
@@ -27,13 +27,6 @@ TT = "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers."
 JA_G2P = "nemo.collections.tts.g2p.models.ja_jp_ipa.JapaneseKatakanaAccentG2p"
 PUBLISHED = {"_target_": TT + "JapanesePhonemeTokenizer", "punct": True, "apostrophe": False, "pad_with_space": True,
              "g2p": {"_target_": JA_G2P, "ascii_letter_prefix": "", "ascii_letter_case": "upper"}}
-
-
-def _config_of(nemo):
-    import yaml
-
-    with tarfile.open(nemo) as tar:
-        return yaml.safe_load(tar.extractfile("./model_config.yaml").read().decode("utf-8"))
 
 
 def _our_dictionary():
@@ -61,18 +54,12 @@ def dump():
     ref = json.loads((folder / "ja.json").read_text())
     if ref["versions"]["pyopenjtalk"] != version or ref["dictionary"] != digest:
         pytest.skip("the NeMo venv's pyopenjtalk or dictionary differs from this environment's")
-    text = MagpieText.from_config(_config_of(folder / "ja.nemo"), nemo_path=folder / "ja.nemo")
+    text = MagpieText.from_config(nemo_config(folder / "ja.nemo"), nemo_path=folder / "ja.nemo")
     return ref, text
 
 
 def test_vocabularies_and_offsets_match_nemo(dump):
-    ref, text = dump
-    assert text.order == ref["tokenizer_order"] and not text.unavailable
-    for name in ref["tokenizer_order"]:
-        assert text.tokenizers[name].tokens == ref["tokens"][name], name
-        assert text.offsets[name] == ref["offsets"][name], name
-        assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
-    assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+    assert_tokenizers_match(*dump)
 
 
 def test_every_sentence_matches_nemo(dump):

@@ -8,24 +8,16 @@ NeMo's own tokenizer), so CI exercises the code (it needs the `zh` extra, which 
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pytest
 
+from magpie_ref.harness import assert_tokenizers_match, nemo_config, write_nemo_files
 from metalgen.errors import MetalgenError
 from metalgen.magpie.text import MagpieText
 
 TT = "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers."
 ZH_G2P = "nemo.collections.tts.g2p.models.zh_cn_pinyin.ChineseG2p"
-
-
-def _config_of(nemo):
-    import yaml
-
-    with tarfile.open(nemo) as tar:
-        return yaml.safe_load(tar.extractfile("./model_config.yaml").read().decode("utf-8"))
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +34,12 @@ def dump():
     ours = {p: md.version(p) for p in ref["versions"]}
     if ours != ref["versions"]:
         pytest.skip(f"the NeMo venv has {ref['versions']}, this environment {ours}: their data differ")
-    text = MagpieText.from_config(_config_of(folder / "zh.nemo"), nemo_path=folder / "zh.nemo")
+    text = MagpieText.from_config(nemo_config(folder / "zh.nemo"), nemo_path=folder / "zh.nemo")
     return ref, text
 
 
 def test_vocabularies_and_offsets_match_nemo(dump):
-    ref, text = dump
-    assert text.order == ref["tokenizer_order"] and not text.unavailable
-    for name in ref["tokenizer_order"]:
-        assert text.tokenizers[name].tokens == ref["tokens"][name], name
-        assert text.offsets[name] == ref["offsets"][name], name
-        assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
-    assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+    assert_tokenizers_match(*dump)
 
 
 def test_every_sentence_matches_nemo(dump):
@@ -88,14 +74,7 @@ TINY = ";;; tiny\nni\tn i\nHAO\tx au\nhao\tx ɑu\nshi\tʂ ʐ̩\textra\njie\ttɕ 
 
 
 def _nemo(tmp_path, files):
-    path = tmp_path / "zh.nemo"
-    with tarfile.open(path, "w") as tar:
-        for name, body in files.items():
-            data = body.encode("utf-8")
-            info = tarfile.TarInfo("./" + name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_nemo_files(tmp_path / "zh.nemo", files)
 
 
 def _cfg(**g2p):

@@ -64,6 +64,41 @@ def reference_model(folder: Path) -> dict:
                 cfg=cfg, weights=weights, model=Model.from_weights(cfg, weights, source=str(folder / "magpie.nemo")))
 
 
+def nemo_config(path: Path) -> dict:
+    """model_config.yaml of a front-end dump's tiny `.nemo` (which holds no weights, so not read_nemo)."""
+    import tarfile
+
+    import yaml
+
+    with tarfile.open(path) as tar:
+        return yaml.safe_load(tar.extractfile("./model_config.yaml").read().decode("utf-8"))
+
+
+def write_nemo_files(path: Path, files: dict) -> Path:
+    """A `.nemo`-style tar at `path` holding each {name: text} of `files` under ./name."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, text in files.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo("./" + name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def assert_tokenizers_match(ref: dict, text) -> None:
+    """A front-end dump's aggregated tokenizers (order, vocabularies, offsets, pad ids, text BOS/EOS) against
+    a MagpieText built from the same config, every tokenizer of it built."""
+    assert text.order == ref["tokenizer_order"] and not text.unavailable
+    for name in ref["tokenizer_order"]:
+        assert text.tokenizers[name].tokens == ref["tokens"][name], name
+        assert text.offsets[name] == ref["offsets"][name], name
+        assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
+    assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+
+
 G2P_SCRIPT = HERE / "make_g2p_reference.py"
 G2P_MARKER = "g2p.json"
 
