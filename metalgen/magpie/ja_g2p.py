@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
-from .text import DEFAULT_PUNCT, SymbolTokenizer, append_specials, finish_symbols
+from .text import DEFAULT_PUNCT, SymbolTokenizer, append_specials, encode_from_g2p
 
 # ipa_lexicon.GRAPHEME_CHARACTER_SETS["ja-JP"]: basic katakana, voiced and semi-voiced, small kana, the long
 # vowel mark. Only the set matters (NeMo sorts it into the vocabulary).
@@ -239,20 +239,8 @@ class JapanesePhonemeTokenizer(SymbolTokenizer):
 
     def symbols(self, text: str) -> Tuple[List[str], List[str]]:
         """(the kept symbols, the ones NeMo's tokenizer drops, in order of first appearance)."""
-        g2p_out, _ = self.g2p(text)
-        kept: List[str] = []
-        bad: List[str] = []
-        space = self.space
-        for p in g2p_out:
-            if p == space and kept and kept[-1] != space:
-                kept.append(p)
-            elif (p.isalnum() or p == "'" or p in self._g2p_symbols) and p in self.ids:
-                kept.append(p)
-            elif p in self.punct_list:  # punct is always on (build_japanese_tokenizer)
-                kept.append(p)
-            elif p != space and p not in bad:
-                bad.append(p)
-        return finish_symbols(kept, space, self.pad_with_space), bad
+        g2p_out, _ = self.g2p(text)  # punct is always on (build_japanese_tokenizer)
+        return encode_from_g2p(self, g2p_out, [])
 
 
 def build_japanese_tokenizer(name: str, tc: Mapping[str, Any]) -> JapanesePhonemeTokenizer:

@@ -162,6 +162,25 @@ def finish_symbols(kept: List[str], space: str, pad_with_space: bool) -> List[st
     return [space] + kept + [space] if pad_with_space else kept
 
 
+def encode_from_g2p(tok, g2p_out: List[str], bad: List[str]) -> Tuple[List[str], List[str]]:
+    """NeMo's `encode_from_g2p` of its Mandarin and Japanese phoneme tokenizers, on `tok`'s `space`, `ids`,
+    `_g2p_symbols`, `punct`, `punct_list` and `pad_with_space` -> (kept symbols, `bad` and every other symbol
+    NeMo drops, in order of first appearance): a space unless the kept symbol before is one; a vocabulary
+    symbol that is alphanumeric, `'` or one of the G2P's; a punctuation mark where `punct`."""
+    kept: List[str] = []
+    space = tok.space
+    for p in g2p_out:
+        if p == space and kept and kept[-1] != space:
+            kept.append(p)
+        elif (p.isalnum() or p == "'" or p in tok._g2p_symbols) and p in tok.ids:
+            kept.append(p)
+        elif tok.punct and p in tok.punct_list:
+            kept.append(p)
+        elif p != space and p not in bad:
+            bad.append(p)
+    return finish_symbols(kept, space, tok.pad_with_space), bad
+
+
 @dataclass
 class CharTokenizer(SymbolTokenizer):
     """One of NeMo's character tokenizers, rebuilt from its class name and config arguments."""

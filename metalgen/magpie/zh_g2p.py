@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
-from .text import SymbolTokenizer, append_specials, finish_symbols
+from .text import SymbolTokenizer, append_specials, encode_from_g2p
 
 # ChinesePhonemesTokenizer.ZH_PUNCT_LIST: full-width marks, then NeMo's default (LJSpeech) list.
 ZH_PUNCT = tuple("，。？！；：、‘’“”（）【】「」《》") + (
@@ -196,19 +196,7 @@ class ChinesePhonemesTokenizer(SymbolTokenizer):
     def symbols(self, text: str) -> Tuple[List[str], List[str]]:
         """(the kept symbols, the ones NeMo skips or drops, in order of first appearance)."""
         g2p_out, skipped = self.g2p(text)
-        kept: List[str] = []
-        bad: List[str] = list(dict.fromkeys(skipped))
-        space = self.space
-        for p in g2p_out:
-            if p == space and kept and kept[-1] != space:
-                kept.append(p)
-            elif (p.isalnum() or p == "'" or p in self._g2p_symbols) and p in self.ids:
-                kept.append(p)
-            elif self.punct and p in self.punct_list:
-                kept.append(p)
-            elif p != space and p not in bad:
-                bad.append(p)
-        return finish_symbols(kept, space, self.pad_with_space), bad
+        return encode_from_g2p(self, g2p_out, list(dict.fromkeys(skipped)))
 
 
 def build_chinese_tokenizer(name: str, tc: Mapping[str, Any], read_text: Callable[[str], str]) -> ChinesePhonemesTokenizer:
