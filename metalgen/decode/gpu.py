@@ -200,9 +200,9 @@ class _GpuDecoder:
         g = self.w.heads // self.w.kv_heads
         return self.w.kv_heads * -(-g // min(group, g))
 
-    def splits(self, length: int):
-        """(splits, positions a split) of `length` positions: enough items to keep the groups busy."""
-        group = attention_group(self.w.heads, self.w.kv_heads, length, self.group_max)
+    def splits(self, length: int, group: int):
+        """(splits, positions a split) of `length` positions when an attention item takes `group` query heads:
+        enough items to keep the groups busy."""
         most = max(1, min(self.max_splits, self.blocks // self._items_per_split(group)))
         ns = max(1, min(most, -(-length // MIN_CHUNK)))
         chunk = -(-length // ns)
@@ -210,12 +210,12 @@ class _GpuDecoder:
 
     def _param_row(self, pos, capacity, use_emb, s_begin, s_end):
         w = self.w
-        ns, chunk = self.splits(pos + 1)
+        group = attention_group(w.heads, w.kv_heads, pos + 1, self.group_max)
+        ns, chunk = self.splits(pos + 1, group)
         return [w.hidden, w.heads, w.kv_heads, w.inter, w.layers, pos, capacity, use_emb, s_begin, s_end, ns,
                 chunk, self.blocks, self.barrier_offset, self.v2_offset,
                 self.stamp_offset if self.stamp_steps else 0, self.merge_offset, self.moe_offset,
-                int(w.moe is not None and w.moe.norm_topk), self.hybrid_offset,
-                attention_group(w.heads, w.kv_heads, pos + 1, self.group_max)]
+                int(w.moe is not None and w.moe.norm_topk), self.hybrid_offset, group]
 
     def _params(self, state, use_emb, s_begin, s_end):
         """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
