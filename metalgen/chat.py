@@ -16,7 +16,7 @@ import mlx.core as mx
 from .cache import (cache_length, can_trim_prompt_cache, common_prefix, copy_prompt_cache, make_prompt_cache,
                     trim_prompt_cache)
 from .errors import MetalgenError
-from .generate import GenerationResponse, check_prompt, stream_generate
+from .generate import GenerationResponse, check_prompt, prefill, stream_generate
 from .sampling import make_logits_processors, make_sampler
 
 
@@ -68,7 +68,7 @@ class ReusedCache:
     def _resume(self, ids: List[int]) -> int:
         """The checkpoint's copy when its ids begin `ids` (and leave one to feed), else a fresh cache; the
         positions it holds."""
-        if self.checkpoints and self.checkpoint is not None:
+        if self.checkpoint is not None:  # only ever made with checkpoints on
             held, copy = self.checkpoint
             if len(held) < len(ids) and ids[: len(held)] == held:
                 self.cache = copy_prompt_cache(copy)  # a copy again: the checkpoint serves the next one too
@@ -77,11 +77,11 @@ class ReusedCache:
         return 0
 
     def _prefill(self, ids: List[int]) -> None:
-        """Feed `ids` through the model into the cache, `prefill_step_size` at a time."""
-        for i in range(0, len(ids), self.prefill_step_size):
-            chunk = mx.array(ids[i : i + self.prefill_step_size], mx.int32)[None]
-            self.model.hidden(chunk, cache=self.cache, layer_by_layer=True)
-            mx.eval([c.state for c in self.cache])
+        """Feed all of `ids` through the model into the cache: generate.prefill's chunks, then the rest it
+        leaves for a decode step."""
+        rest = prefill(self.model, mx.array(ids, mx.int32), self.cache, self.prefill_step_size)
+        self.model.hidden(rest[None], cache=self.cache, layer_by_layer=True)
+        mx.eval([c.state for c in self.cache])
         self.prefilled += len(ids)
 
     def commit(self, fed: List[int], generated: List[int]) -> None:
