@@ -8,6 +8,7 @@ reference for good, reported on stderr only under kernels_metal.set_verbose(True
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import sys
 
@@ -94,25 +95,37 @@ def _say(msg):
         print(f"[kernels_metal] {msg}", file=sys.stderr)
 
 
-def kernel(name: str):
-    """The mx.fast kernel object of one variant on this backend (cached)."""
+def kernel_name(name: str, header: str, body: str) -> str:
+    """The name MLX compiles a variant under: its own name and a hash of its generated source. MLX's
+    CUDA backend caches compiled kernels on disk by name and template arguments only
+    (`$TMPDIR/mlx/<version>/ptx`), so a kernel whose source changed under the same name (a metalgen
+    upgrade, an A/B of two sources on one machine) would run the stale binary."""
+    digest = hashlib.sha1((header + "\0" + body).encode()).hexdigest()[:12]
+    return f"mg_{name}_{digest}"
+
+
+def spec_kernel(name: str):
+    """The mx.fast kernel object of a variant from SPECS or CUDA_ONLY_SPECS on this backend (cached)."""
     be = _backend()
     key = (name, be)
     k = _KERNELS.get(key)
     if k is None:
-        spec = S.SPECS[name]
-        if be == "metal":
-            k = mx.fast.metal_kernel(
-                name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                source=S.body(spec, "metal"), header=S.header(spec, "metal"))
-        elif be == "cuda":
-            k = mx.fast.cuda_kernel(
-                name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                source=S.body(spec, "cuda"), header=S.header(spec, "cuda"))
-        else:
-            raise RuntimeError(f"no GPU kernels on backend {be}")
+        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
+        if be not in ("cuda", "metal") or (be == "metal" and name in S.CUDA_ONLY_SPECS):
+            raise RuntimeError(f"{name} does not run on backend {be}")
+        make = mx.fast.cuda_kernel if be == "cuda" else mx.fast.metal_kernel
+        header, body = S.header(spec, be), S.body(spec, be)
+        k = make(name=kernel_name(name, header, body), input_names=list(spec.inputs),
+                 output_names=list(spec.outputs), source=body, header=header)
         _KERNELS[key] = k
     return k
+
+
+def kernel(name: str):
+    """The mx.fast kernel object of one variant of SPECS on this backend (cached)."""
+    if name not in S.SPECS:
+        raise KeyError(name)
+    return spec_kernel(name)
 
 
 def _run(name, tkey, fallback, **kw):
@@ -764,22 +777,6 @@ MAGPIE_DEC_BLOCKS_PER_SM = 2
 MAGPIE_DEC_PHASES = 8  # a layer's phases (bodies/magpie_decoder.body)
 
 
-def _spec_kernel(name: str):
-    """The mx.fast kernel object of a variant from SPECS or CUDA_ONLY_SPECS (cached)."""
-    be = _backend()
-    key = (name, be)
-    k = _KERNELS.get(key)
-    if k is None:
-        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
-        if be not in ("cuda", "metal") or (be == "metal" and name in S.CUDA_ONLY_SPECS):
-            raise RuntimeError(f"{name} does not run on backend {be}")
-        make = mx.fast.cuda_kernel if be == "cuda" else mx.fast.metal_kernel
-        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                 source=S.body(spec, be), header=S.header(spec, be))
-        _KERNELS[key] = k
-    return k
-
-
 def magpie_decoder_blocks() -> int:
     """The grid of the Magpie decoder kernel, in groups: MAGPIE_DEC_BLOCKS_PER_SM a multiprocessor on
     CUDA (the megakernel's groups must all be resident), 256 where one launch per phase runs."""
@@ -863,10 +860,10 @@ def magpie_decoder_launch(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights
     mega = (MAGPIE_DEC_MEGAKERNEL if megakernel is None else megakernel) and _backend() == "cuda"
     if mega:
         params = _i32(NL, Lt, C, w.pos_table.shape[0], nb, maxns, use_prior, sum(eflags), 0, steps)
-        h, scores, _ = _spec_kernel("magpie_decoder_megakernel")(
+        h, scores, _ = spec_kernel("magpie_decoder_megakernel")(
             inputs=inputs + [params, fparams, dep], template=tmpl, init_value=None, **shapes)
         return h, scores
-    k = _spec_kernel("magpie_decoder")
+    k = spec_kernel("magpie_decoder")
     for s in range(steps):
         params = _i32(NL, Lt, C, w.pos_table.shape[0], nb, maxns, use_prior, sum(eflags), s, s + 1)
         h, scores, dep = k(inputs=inputs + [params, fparams, dep], template=tmpl, init_value=None, **shapes)
@@ -990,7 +987,7 @@ def magpie_lt_draws(h, w, bad, cfg_scale, temperature, top_k, state, scratch=Non
              _f32(float(cfg_scale), float(temperature))]
     cur = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     try:
-        k = _spec_kernel(name)
+        k = spec_kernel(name)
         codes = None
         for s0, s1 in spans:
             # each launch takes the previous one's state: the data edge that orders them on the scratch

@@ -110,6 +110,19 @@ def test_sample_is_the_reference():
     assert s.tolist() == [42, 8] and len(draws) > 1
 
 
+def test_kernel_names_follow_their_source():
+    # MLX's CUDA backend caches compiled kernels on disk by name: a changed source needs a new name
+    from kernels_metal import source as S
+
+    spec = S.SPECS["rms_norm"]
+    h, b = S.header(spec, "cuda"), S.body(spec, "cuda")
+    name = gpu.kernel_name("rms_norm", h, b)
+    assert name.startswith("mg_rms_norm_") and name == gpu.kernel_name("rms_norm", h, b)
+    assert gpu.kernel_name("rms_norm", h, b + " ") != name
+    assert gpu.kernel_name("rms_norm", h + " ", b) != name
+    assert gpu.kernel_name("rms_norm", h, S.body(spec, "metal")) != name
+
+
 def test_gpu_variant_falls_back_loudly_only_when_verbose(capsys, monkeypatch):
     monkeypatch.setattr(gpu, "_STATUS", {})
     monkeypatch.setattr(gpu, "_KERNELS", {})

@@ -43,14 +43,13 @@ import mlx.core as mx
 
 import kernels_metal as K
 from kernels_metal import source as S
-from kernels_metal.gpu import multiprocessors
+from kernels_metal.gpu import multiprocessors, spec_kernel
 
 from .stacked import DecodeState, StackedWeights
 
 THREADS = 256
 MIN_CHUNK = 16  # attention positions per (head, split) item at least (16 vs 64: -2 to -5% a token, run 10)
 PARAM_BLOCK = 64  # positions whose parameter rows are made at once
-_KERNELS = {}
 
 
 # Benchmarks set this to sweep the megakernel's grid; None sizes it from the multiprocessors.
@@ -79,20 +78,6 @@ def grid_blocks(blocks_per_sm: int = 2) -> int:
     sms = multiprocessors()
     # unknown GPU: 32 groups are co-resident on anything with >= 16 multiprocessors
     return blocks_per_sm * sms if sms else 32
-
-
-def _kernel(name: str):
-    k = _KERNELS.get(name)
-    if k is None:
-        be = K.backend()
-        spec = S.SPECS.get(name) or S.CUDA_ONLY_SPECS[name]
-        make = mx.fast.cuda_kernel if be == "cuda" else mx.fast.metal_kernel
-        if be not in ("cuda", "metal") or (be == "metal" and name in S.CUDA_ONLY_SPECS):
-            raise RuntimeError(f"{name} does not run on backend {be}")
-        k = make(name="mg_" + name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                 source=S.body(spec, be), header=S.header(spec, be))
-        _KERNELS[name] = k
-    return k
 
 
 VERSIONS = (1, 2)
@@ -249,7 +234,7 @@ class _GpuDecoder:
         table = w.rope_table
         moe = list(w.moe.arrays) if w.moe is not None else []
         hybrid = list(w.hybrid.arrays) + [state.conv, state.rec] if w.hybrid is not None else []
-        return _kernel(self.kernel_name)(
+        return spec_kernel(self.kernel_name)(
             inputs=[tok, emb, w.embed, w.wqkv, w.bqkv, w.qkn, w.wo, w.wgu, w.wd, w.norms, w.fnorm,
                     table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe
             + hybrid + self.quant_inputs,
