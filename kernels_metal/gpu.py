@@ -341,7 +341,10 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     vpl = 32 if bits == 4 else 16
     if (not use_gemv(True, M, K, N) or bits not in (4, 8) or x.dtype not in (mx.bfloat16, mx.float16) or K % vpl
             or group_size % vpl or w.dtype != mx.uint32 or (bias is not None and bias.dtype != x.dtype)):
-        y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
+        # (..., K) -> (M, K): as (B, 1, K) (a batched decode step) MLX's CUDA backend runs B products of
+        # one row, each reading every weight (docs/kernels.md, Matmul dispatch); as (B, K), one of B rows
+        y = mx.quantized_matmul(x.reshape(M, K), w, scales, biases, transpose=True, group_size=group_size,
+                                bits=bits).reshape(x.shape[:-1] + (N,))
         return y + bias if bias is not None else y
     return gemv_quantized(x, w, scales, biases, group_size, bits, bias)
 

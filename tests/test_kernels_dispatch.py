@@ -192,6 +192,26 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert tok.tolist() == rt.tolist() and ns.tolist() == rns.tolist() and rel(lp, rl) < 1e-5
 
 
+def test_quantized_rows_reach_the_matmul_as_one_matrix(monkeypatch):
+    # a batched decode step's (B, 1, K): one product of B rows (MLX's CUDA backend runs B one-row products
+    # of a 3-D x, each reading every weight), the caller's shape back, the same values
+    seen = []
+    real = mx.quantized_matmul
+
+    def spy(x, *a, **kw):
+        seen.append(x.shape)
+        return real(x, *a, **kw)
+
+    monkeypatch.setattr(gpu.mx, "quantized_matmul", spy)
+    w = rnd((48, 256), s=0.1)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    for shape in ((8, 1, 256), (2, 5, 256), (6, 256)):
+        x = rnd(shape)
+        y = gpu.quantized_linear(x, wq, s, b, 64, 4)
+        assert y.shape == shape[:-1] + (48,) and seen[-1] == (int(np.prod(shape[:-1])), 256)
+        assert rel(y, real(x, wq, s, b, transpose=True, group_size=64, bits=4)) < 1e-6
+
+
 def test_gpu_variant_choice_follows_the_measured_rule(monkeypatch):
     import kernels_metal
 
