@@ -1,11 +1,13 @@
 """mx.quantized_matmul and mx.matmul at a batched decode step's shapes: x as (B, 1, K) (each row a batch
-of one, as a batched model's step hands it to a linear layer) against the same rows as (B, K).
+of one, as a batched model's step hands it to a linear layer) against the same rows as (B, K), and the
+quantized GEMV kernel (kernels_metal.gpu.gemv_quantized, forced at every B) with its largest relative
+difference from mx.quantized_matmul.
 
     PYTHONPATH=. python3 benchmarks/qmm_shape_probe.py [--bits 4] [--group-size 64]
 
 Weights of Qwen3-8B's gate projection (12288 x 4096) and down projection (4096 x 12288), random. Prints,
 per B: the first call's time (it includes any kernel MLX builds for that shape) and the median of 30
-timed calls after it, in microseconds, for both layouts, quantized and bf16. Results: benchmarks/results/.
+timed calls after it, in microseconds. Results: benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 import time
 
 import mlx.core as mx
+
+from kernels_metal import gpu
 
 
 def timed(fn, reps: int = 30):
@@ -39,17 +43,22 @@ def main():
         wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
         mx.eval(w, wq, s, b)
         print(f"\n{name}")
-        print(f"{'B':>4} {'q (B,1,K)':>20} {'q (B,K)':>20} {'bf16 (B,1,K)':>20} {'bf16 (B,K)':>20}")
-        for B in (1, 2, 4, 8, 16, 32, 64):
+        print(f"{'B':>4} {'q (B,1,K)':>20} {'q (B,K)':>20} {'GEMV (B,K)':>20} {'bf16 (B,1,K)':>20} {'bf16 (B,K)':>20}"
+              f"  GEMV vs qmm")
+        for B in (1, 2, 4, 8, 16, 32):
             x3 = mx.random.normal((B, 1, k)).astype(mx.bfloat16)
             x2 = x3.reshape(B, k)
             mx.eval(x3, x2)
             cells = []
             for x in (x3, x2):
                 cells.append(timed(lambda: mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=gs, bits=bits)))
+            cells.append(timed(lambda: gpu.gemv_quantized(x2, wq, s, b, gs, bits)))
             for x in (x3, x2):
                 cells.append(timed(lambda: x @ w.T))
-            print(f"{B:>4} " + " ".join(f"{a:10.0f} / {m:7.1f}" for a, m in cells))
+            ref = mx.quantized_matmul(x2, wq, s, b, transpose=True, group_size=gs, bits=bits).astype(mx.float32)
+            got = gpu.gemv_quantized(x2, wq, s, b, gs, bits).astype(mx.float32)
+            err = (mx.abs(got - ref).max() / mx.abs(ref).max()).item()
+            print(f"{B:>4} " + " ".join(f"{a:10.0f} / {m:7.1f}" for a, m in cells) + f"  {err:.2e}")
 
 
 if __name__ == "__main__":
