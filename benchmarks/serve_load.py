@@ -169,7 +169,7 @@ async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
 
 
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 240.0, path: str = "/v1/models") -> None:
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600.0, path: str = "/v1/models") -> None:
     """Poll `path` of the server `proc` started on `port` until it answers (an error if it exits or times out)."""
     import urllib.request
 

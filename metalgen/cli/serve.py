@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health; default: the "
                         "environment variable METALGEN_API_KEY, else no key")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="take requests at once, without first having MLX compile its quantized matmul kernels "
+                        "(on CUDA, for quantized weights; docs/serve.md)")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import load
     from ..serve.engine import Engine
     from ..serve.speech import SpeechEngine, model_kind, parse_voices
+    from ..serve.warmup import warm_up
 
     if args.max_tokens < 1:
         raise MetalgenError("--max-tokens must be >= 1")
@@ -101,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         if args.codec is not None:
             raise MetalgenError("--codec is for a Magpie TTS model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
+        if not args.no_warmup:
+            warm_up(model, lambda line: print(f"metalgen: {line}", file=sys.stderr, flush=True))
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
                         prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
