@@ -225,7 +225,8 @@ def test_a_stream_closed_mid_way_frees_its_slot_at_once(served):
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 break
-        assert engine.state()["rows"] == 1 and engine.state()["jobs"] == 1
+        state = engine.state()
+        assert state["rows"] == 1 and state["jobs"] == 1, (line, state)  # (the first chunk, should this fail)
     tic = time.perf_counter()
     assert_idle(engine)
     assert time.perf_counter() - tic < 2  # its 2000 tokens would take a minute here
