@@ -221,7 +221,9 @@ def test_a_stream_closed_mid_way_frees_its_slot_at_once(served):
     assert_idle(engine)
     with httpx.stream("POST", url + CHAT, headers=AUTH, json={
             "model": NAME, "messages": [{"role": "user", "content": "Long"}], "max_tokens": 2000, "stream": True,
-            "temperature": 0}) as r:
+            # sampled, not greedy: now and then the random model's greedy reply had ended (the job gone) by the time
+            # its first chunk was read, which left nothing to cancel
+            "temperature": 1.0, "seed": 0}) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 break
