@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import MetalgenError
 from .g2p import SUPPORTED_LOCALES, IpaG2p, merge_dictionaries, parse_dictionary, parse_heteronyms
-from .text import (SymbolTokenizer, _version_tuple, any_locale_preprocess, append_specials, english_preprocess_cased,
-                   finish_symbols, locale_punctuation)
+from .text import (SymbolTokenizer, _version_tuple, any_locale_preprocess, append_specials, config_class,
+                   english_preprocess_cased, finish_symbols, locale_punctuation, reject_unknown_arguments)
 
 PathLike = Union[str, Path]
 
@@ -141,15 +141,11 @@ def _file_list(value: Any, what: str, name: str) -> List[str]:
 def build_ipa_tokenizer(name: str, tc: Mapping[str, Any], nemo_version: Any = None,
                         artifacts: Optional[NemoArtifacts] = None) -> IPATokenizer:
     """An IPATokenizer from its config entry, reading its dictionaries through `artifacts`."""
-    unknown = sorted(set(tc) - _TOKENIZER_ARGS)
     gc = tc.get("g2p") or {}
-    g2p_cls = str(gc.get("_target_", "")).rsplit(".", 1)[-1]
+    g2p_cls = config_class(gc)
     if g2p_cls != "IpaG2p":
         raise MetalgenError(f"Magpie tokenizer '{name}': an IPATokenizer over {g2p_cls or 'no G2P'} is not supported")
-    unknown += [f"g2p.{k}" for k in sorted(set(gc) - _G2P_ARGS)]
-    if unknown:
-        raise MetalgenError(
-            f"Magpie tokenizer '{name}' (IPATokenizer) has arguments it does not take: {', '.join(unknown)}")
+    reject_unknown_arguments(name, "IPATokenizer", tc, _TOKENIZER_ARGS, _G2P_ARGS)
     if tc.get("fixed_vocab"):
         raise MetalgenError(f"Magpie tokenizer '{name}': IPATokenizer with fixed_vocab is not supported")
     if gc.get("apply_to_oov_word") is not None:

@@ -46,7 +46,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
-from .text import DEFAULT_PUNCT, SymbolTokenizer, append_specials, encode_from_g2p
+from .text import (DEFAULT_PUNCT, SymbolTokenizer, append_specials, config_class, encode_from_g2p,
+                   reject_unknown_arguments)
 
 # ipa_lexicon.GRAPHEME_CHARACTER_SETS["ja-JP"]: basic katakana, voiced and semi-voiced, small kana, the long
 # vowel mark. Only the set matters (NeMo sorts it into the vocabulary).
@@ -247,15 +248,12 @@ def build_japanese_tokenizer(name: str, tc: Mapping[str, Any]) -> JapanesePhonem
     """A JapanesePhonemeTokenizer from its config entry. Building needs nothing installed; encoding imports
     pyopenjtalk and reads its dictionary."""
     gc = tc.get("g2p") or {}
-    g2p_cls = str(gc.get("_target_", "")).rsplit(".", 1)[-1]
+    g2p_cls = config_class(gc)
     if g2p_cls != "JapaneseKatakanaAccentG2p":
         what = "JapaneseG2p (janome and an IPA dictionary)" if g2p_cls == "JapaneseG2p" else (g2p_cls or "no G2P")
         raise MetalgenError(f"Magpie tokenizer '{name}': a JapanesePhonemeTokenizer over {what} is not supported "
                             "(JapaneseKatakanaAccentG2p is)")
-    unknown = sorted(set(tc) - _TOKENIZER_ARGS) + [f"g2p.{k}" for k in sorted(set(gc) - _G2P_ARGS)]
-    if unknown:
-        raise MetalgenError(
-            f"Magpie tokenizer '{name}' (JapanesePhonemeTokenizer) has arguments it does not take: {', '.join(unknown)}")
+    reject_unknown_arguments(name, "JapanesePhonemeTokenizer", tc, _TOKENIZER_ARGS, _G2P_ARGS)
     if not tc.get("punct", True):
         # NeMo 3.0.0 then has no punctuation list at all, and its encode fails on the first mark or repeated space.
         raise MetalgenError(f"Magpie tokenizer '{name}': a JapanesePhonemeTokenizer with punct: false is not supported")

@@ -283,18 +283,31 @@ def _hindi_charset(name: str, tc: Mapping[str, Any], legacy: bool) -> Tuple[str,
     return chars, punct
 
 
+def config_class(conf: Mapping[str, Any]) -> str:
+    """The class name of a config entry's `_target_` ("" without one)."""
+    return str(conf.get("_target_", "")).rsplit(".", 1)[-1]
+
+
+def reject_unknown_arguments(name: str, cls: str, tc: Mapping[str, Any], args, g2p_args=None) -> None:
+    """Raise, naming them, for the arguments of tokenizer `name` (class `cls`) outside `args`, and with
+    `g2p_args`, those of its `g2p` entry outside them."""
+    unknown = sorted(set(tc) - set(args))
+    if g2p_args is not None:
+        unknown += [f"g2p.{k}" for k in sorted(set(tc.get("g2p") or {}) - set(g2p_args))]
+    if unknown:
+        raise MetalgenError(f"Magpie tokenizer '{name}' ({cls}) has arguments it does not take: {', '.join(unknown)}")
+
+
 def build_char_tokenizer(name: str, tc: Mapping[str, Any], nemo_version: Any = None) -> CharTokenizer:
     """A NeMo character tokenizer from its config entry (raises for classes it does not know)."""
-    cls = str(tc.get("_target_", "")).rsplit(".", 1)[-1]
+    cls = config_class(tc)
     spec = _CLASSES[cls]
     allowed = set(_COMMON_ARGS) | _IGNORED_ARGS
     if spec.get("chars_arg"):
         allowed.add("chars")
     if cls == "HindiCharsTokenizer":
         allowed |= {"charset_version", "punct_version"}
-    unknown = sorted(set(tc) - allowed)
-    if unknown:
-        raise MetalgenError(f"Magpie tokenizer '{name}' ({cls}) has arguments it does not take: {', '.join(unknown)}")
+    reject_unknown_arguments(name, cls, tc, allowed)
     if cls == "HindiCharsTokenizer":
         version = _version_tuple(nemo_version) if nemo_version is not None else None
         legacy = version is not None and version[:3] < _VERSIONED_SINCE
@@ -425,7 +438,7 @@ class MagpieText:
         sizes: Dict[str, Optional[int]] = {}
         for name in order:
             tc = section[name] or {}
-            cls_name = str(tc.get("_target_", "")).rsplit(".", 1)[-1]
+            cls_name = config_class(tc)
             if cls_name in _CLASSES and "g2p" not in tc:
                 tok = build_char_tokenizer(name, tc, nemo_version)
                 tokenizers[name] = tok

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
+from .text import config_class
 from .zh_g2p import mandarin_tokens  # noqa: F401
 
 BYT5_VOCAB = 384
@@ -19,7 +20,7 @@ BYT5_VOCAB = 384
 
 def unbuilt_size(tc: Mapping[str, Any], read_text: Callable[[str], str]) -> Optional[int]:
     """The vocabulary size of a tokenizer metalgen cannot build, when it is knowable, else None."""
-    cls = str(tc.get("_target_", "")).rsplit(".", 1)[-1]
+    cls = config_class(tc)
     if cls == "AutoTokenizer" and "byt5" in str(tc.get("pretrained_model", "")).lower():
         return BYT5_VOCAB
     return None

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetalgenError
 from .g2p import set_case
-from .text import SymbolTokenizer, append_specials, encode_from_g2p
+from .text import SymbolTokenizer, append_specials, config_class, encode_from_g2p, reject_unknown_arguments
 
 # ChinesePhonemesTokenizer.ZH_PUNCT_LIST: full-width marks, then NeMo's default (LJSpeech) list.
 ZH_PUNCT = tuple("，。？！；：、‘’“”（）【】「」《》") + (
@@ -203,14 +203,11 @@ def build_chinese_tokenizer(name: str, tc: Mapping[str, Any], read_text: Callabl
     """A ChinesePhonemesTokenizer from its config entry, its pinyin dictionary read through `read_text`.
     Building needs only the dictionary; encoding imports jieba and pypinyin."""
     gc = tc.get("g2p") or {}
-    g2p_cls = str(gc.get("_target_", "")).rsplit(".", 1)[-1]
+    g2p_cls = config_class(gc)
     if g2p_cls != "ChineseG2p":
         raise MetalgenError(f"Magpie tokenizer '{name}': a ChinesePhonemesTokenizer over {g2p_cls or 'no G2P'} "
                             "is not supported")
-    unknown = sorted(set(tc) - _TOKENIZER_ARGS) + [f"g2p.{k}" for k in sorted(set(gc) - _G2P_ARGS)]
-    if unknown:
-        raise MetalgenError(
-            f"Magpie tokenizer '{name}' (ChinesePhonemesTokenizer) has arguments it does not take: {', '.join(unknown)}")
+    reject_unknown_arguments(name, "ChinesePhonemesTokenizer", tc, _TOKENIZER_ARGS, _G2P_ARGS)
     segmenter = gc.get("word_segmenter")
     if segmenter not in (None, "jieba"):
         raise MetalgenError(f"Magpie tokenizer '{name}': word_segmenter {segmenter!r} is not supported (jieba is)")
