@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Tuple, Union
+from typing import List, Tuple, Union
 
+import pytest
 from reference_cache import cached_dump
+
+from metalgen.errors import MetalgenError
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
@@ -97,6 +100,18 @@ def assert_tokenizers_match(ref: dict, text) -> None:
         assert text.offsets[name] == ref["offsets"][name], name
         assert text.tokenizers[name].pad_id + text.offsets[name] == ref["pad_ids"][name], name
     assert (text.text_bos_id, text.text_eos_id) == (ref["text_bos_id"], ref["text_eos_id"])
+
+
+def assert_encoding_matches(text, sentence: str, name: str, lang: str, ids: List[int], refused: bool) -> bool:
+    """MagpieText.encode of `sentence` in `lang` (tokenizer `name`): NeMo's `ids` and the text EOS, or where
+    NeMo drops or skips symbols with a log line (`refused`), the port's one-line error naming the tokenizer.
+    True where it encoded."""
+    if refused:
+        with pytest.raises(MetalgenError, match=f"^the Magpie tokenizer '{name}' cannot map"):
+            text.encode(sentence, lang)
+        return False
+    assert text.encode(sentence, lang) == ids + [text.text_eos_id], f"{name}: {sentence!r}"
+    return True
 
 
 G2P_SCRIPT = HERE / "make_g2p_reference.py"
