@@ -28,6 +28,8 @@ __all__ = [
     "rope",
     "mrope",
     "decode_attention",
+    "paged_decode_attention",
+    "PAGED_BLOCK_SIZES",
     "kv_store",
     "linear",
     "quantized_linear",
@@ -146,6 +148,21 @@ def decode_attention(q, k, v, length, scale):
     return _impl_for("decode_attention", length=int(length)).decode_attention(
         q, k, v, int(length), float(scale)
     )
+
+
+# the block sizes the paged attention kernel is built for (a template argument: p / BS a shift)
+PAGED_BLOCK_SIZES = (16, 32, 64)
+
+
+def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size: int, scale):
+    """One query token per row over a paged pool: q (B, Hq, 1, D); k, v (slots, Hkv, D) in blocks of
+    `block_size` slots; table (B, MB) int32, row b's blocks in order; lengths (B,) int32, the positions
+    each row attends to (its new token's included); max_length: at least every length (host-known, so
+    that no readback is needed). -> (B, Hq, 1, D). Grouped-query: K/V heads are never repeated."""
+    if block_size not in PAGED_BLOCK_SIZES:
+        raise ValueError(f"paged_decode_attention: block size {block_size} is not one of {PAGED_BLOCK_SIZES}")
+    return _impl_for("paged_decode_attention").paged_decode_attention(
+        q, k, v, table, lengths, int(max_length), int(block_size), float(scale))
 
 
 def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):

@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 import kernels_metal as K
+from kernels_metal import cpu as cpu_impl
 from kernels_metal import gpu
 from kernels_metal import reference as ref
 
@@ -135,6 +136,32 @@ def c_rope(B, H, L, D, offset, dtype=mx.bfloat16):
     t = bench(lambda: gpu.rope(x, tab, offset))
     tm = bench(lambda: mx.fast.rope(x, D, traditional=False, base=1e6, scale=1.0, offset=offset))
     record("rope", f"B{B} H{H} L{L} D{D} off{offset}", err, 1e-2, t, tm, 2 * x.nbytes, "fast.rope")
+
+
+@case
+def c_paged_attn(lengths, Hkv, G, D, bs=32, nsplit=None):
+    # each row over its own blocks, shuffled through the pool; timed against what MLX alone would do: gather
+    # every row's positions into (B, Hkv, S, D), then SDPA with a length mask (kernels_metal.cpu's form)
+    B, S = len(lengths), max(lengths)
+    need = [-(-n // bs) for n in lengths]
+    order = np.random.default_rng(0).permutation(sum(need))
+    table = np.zeros((B, max(need)), np.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[at : at + n]
+        at += n
+    table = mx.array(table)
+    k, v = rnd((sum(need) * bs, Hkv, D)), rnd((sum(need) * bs, Hkv, D))
+    q = rnd((B, Hkv * G, 1, D))
+    n = mx.array(lengths, mx.int32)
+    scale = 1.0 / math.sqrt(D)
+    o = gpu.paged_decode_attention(q, k, v, table, n, S, bs, scale, nsplit=nsplit)
+    err = relerr(o, ref.paged_decode_attention(q, k, v, table, n, S, bs, scale))
+    t = bench(lambda: gpu.paged_decode_attention(q, k, v, table, n, S, bs, scale, nsplit=nsplit))
+    tm = bench(lambda: cpu_impl.paged_decode_attention(q, k, v, table, n, S, bs, scale))
+    ns = nsplit or gpu.attention_splits(B * Hkv, S)
+    record("paged_decode_attention", f"B{B} Hkv{Hkv} G{G} D{D} L{min(lengths)}-{S} bs{bs} split{ns}", err, 1e-2, t,
+           tm, 2 * Hkv * sum(lengths) * D * 2 + 2 * q.nbytes, "gather+sdpa")
 
 
 @case
@@ -444,6 +471,15 @@ def main(argv=None):
         c_attn(3, 2, 4, 64, 777, nsplit=1)
         c_attn(3, 2, 4, 64, 777, nsplit=5)
         c_attn(1, 8, 2, 128, 32768, nsplit=1)
+    if want("paged"):
+        # a batch's decode step: qwen3-0.6b's heads (8 KV, G 2, D 128), rows of mixed lengths
+        for B, lo, hi in ([(8, 100, 400), (32, 200, 600)] if q else [(8, 100, 400), (32, 200, 600), (32, 100, 4096),
+                                                                      (64, 200, 600)]):
+            lengths = np.random.default_rng(B).integers(lo, hi + 1, B).tolist()
+            for bs in (16, 32, 64):
+                c_paged_attn(lengths, 8, 2, 128, bs)
+        c_paged_attn([5, 3000, 17], 2, 7, 64, 32, nsplit=1)
+        c_paged_attn([5, 3000, 17], 2, 7, 64, 32, nsplit=6)
     if want("gemv"):
         shapes = [(896, 896), (896, 4864), (4864, 896), (1024, 3072), (2560, 9728), (9728, 2560), (1024, 151936)]
         if q:

@@ -60,6 +60,17 @@ def decode_attention(q, k, v, length, scale):
     return mx.fast.scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], scale=scale)
 
 
+def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale):
+    # the rows' positions gathered out of the pool into (B, Hkv, S, D), then MLX's SDPA with each row's
+    # length as its mask
+    B, S = q.shape[0], max_length
+    pos = mx.minimum(mx.broadcast_to(mx.arange(S, dtype=mx.int32)[None], (B, S)), table.shape[1] * block_size - 1)
+    slots = ref.paged_slots(table, pos, block_size)  # (B, S)
+    kk, vv = mx.swapaxes(k[slots], 1, 2), mx.swapaxes(v[slots], 1, 2)  # (B, S, Hkv, D) -> (B, Hkv, S, D)
+    mask = (mx.arange(S)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    return mx.fast.scaled_dot_product_attention(q, kk, vv, scale=scale, mask=mask)
+
+
 def linear(x, weight, bias=None):
     if bias is None:
         return x @ weight.T

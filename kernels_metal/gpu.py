@@ -57,7 +57,7 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # (always wins); M-RoPE has no built-in.
 # benchmarks/results/kernels_h200_2026-11-21/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
-ALWAYS_CUSTOM = frozenset({"sample", "mrope", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
+ALWAYS_CUSTOM = frozenset({"sample", "mrope", "paged_decode_attention", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
                            "gated_delta", "gated_delta_conv_step", "kv_store"})
 # (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
 # delta rule has no built-in: its decode step is the kernel, a prompt the chunked form, whose scan over
@@ -304,6 +304,53 @@ def decode_attention(q, k, v, length, scale, nsplit=None):
     except Exception as e:  # noqa: BLE001
         _STATUS[key] = False
         _say(f"decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
+        return fb()
+
+
+def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale, nsplit=None):
+    """decode_attention's body over a paged pool (MG_PAGED): each row its own length and block table."""
+    B, Hq, _, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+
+    def fb():
+        return ref.paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale)
+
+    if (q.dtype not in _GPU_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or D % 32 or D > 256
+            or Hq % Hkv or G > 16 or max_length < 1 or q.shape[2] != 1 or table.dtype != mx.int32
+            or lengths.dtype != mx.int32):
+        return fb()
+    n = B * Hkv
+    if nsplit is None:
+        nsplit = attention_splits(n, max_length)
+    chunk = -(-max_length // nsplit)
+    nsplit = -(-max_length // chunk)
+    tg = 32 * ATTN_WARPS
+    tmpl = [("T", q.dtype), ("D", D), ("G", G), ("NW", ATTN_WARPS), ("BS", block_size)]
+    params = _i32(0, 0, chunk, nsplit, table.shape[1], Hkv)
+    inputs = [q, k, v, table, lengths, params, _f32(scale)]
+    if nsplit == 1:
+        return _run("paged_decode_attention", (q.dtype, D, G, block_size), fb, inputs=inputs, template=tmpl,
+                    grid=(n * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[q.shape],
+                    output_dtypes=[q.dtype])[0]
+    key = ("paged_decode_attention_split", (q.dtype, D, G, block_size))
+    if _STATUS.get(key) is False:
+        return fb()
+    try:
+        po, pml = kernel("paged_decode_attention_split")(
+            inputs=inputs, template=tmpl, grid=(n * tg, nsplit, 1), threadgroup=(tg, 1, 1),
+            output_shapes=[(n, nsplit, G, D), (n, nsplit, G, 2)], output_dtypes=[mx.float32, mx.float32])
+        out = kernel("attention_combine")(
+            inputs=[po, pml, _i32(nsplit)], template=[("T", q.dtype), ("D", D), ("G", G)],
+            grid=(B * Hq * _tg(D), 1, 1), threadgroup=(_tg(D), 1, 1), output_shapes=[q.shape],
+            output_dtypes=[q.dtype])[0]
+        if key not in _STATUS:
+            mx.eval(out)
+            _STATUS[key] = True
+        return out
+    except Exception as e:  # noqa: BLE001
+        _STATUS[key] = False
+        _say(f"paged_decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
         return fb()
 
 

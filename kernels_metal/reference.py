@@ -25,6 +25,8 @@ __all__ = [
     "mrope",
     "mrope_axis_map",
     "decode_attention",
+    "paged_slots",
+    "paged_decode_attention",
     "linear",
     "quantized_linear",
     "sample",
@@ -193,6 +195,43 @@ def decode_attention(q, k, v, length: int, scale: float) -> mx.array:
     kk = k[:, :, :length].astype(mx.float32)
     vv = v[:, :, :length].astype(mx.float32)
     s = (qg @ mx.swapaxes(kk, -1, -2)) * scale  # (B, Hkv, G, L)
+    s = s - mx.max(s, axis=-1, keepdims=True)
+    p = mx.exp(s)
+    p = p / mx.sum(p, axis=-1, keepdims=True)
+    o = p @ vv  # (B, Hkv, G, D)
+    return o.reshape(B, Hq, 1, D).astype(q.dtype)
+
+
+def paged_slots(table, positions, block_size: int) -> mx.array:
+    """The pool slot of each position of each row: table (B, MB) block ids, positions (B, L) int32 ->
+    (B, L) int32, table[b, p // block_size] * block_size + p % block_size."""
+    blocks = mx.take_along_axis(table, positions // block_size, axis=1)
+    return blocks * block_size + positions % block_size
+
+
+def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size: int, scale: float) -> mx.array:
+    """decode_attention over a paged pool: q (B, Hq, 1, D); k, v (slots, Hkv, D), blocks of `block_size`
+    slots; row b's position p is slot table[b, p // block_size] * block_size + p % block_size, and its
+    first lengths[b] positions are valid (max_length >= every length; table (B, MB) int32 covers them).
+    Query head h reads KV head h // (Hq // Hkv), as decode_attention."""
+    B, Hq, one, D = q.shape
+    Hkv = k.shape[1]
+    if one != 1:
+        raise ValueError("paged_decode_attention takes one query token per sequence")
+    if Hq % Hkv:
+        raise ValueError(f"paged_decode_attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+    G = Hq // Hkv
+    pos = mx.broadcast_to(mx.arange(max_length, dtype=mx.int32)[None], (B, max_length))
+    # positions past a row's blocks would index past its table: any slot does, the mask drops them
+    pos = mx.minimum(pos, (table.shape[1] * block_size - 1))
+    slots = paged_slots(table, pos, block_size)  # (B, S)
+    # (B, S, Hkv, D) -> (B, Hkv, S, D)
+    kk = mx.swapaxes(k[slots], 1, 2).astype(mx.float32)
+    vv = mx.swapaxes(v[slots], 1, 2).astype(mx.float32)
+    qg = q.reshape(B, Hkv, G, D).astype(mx.float32)
+    s = (qg @ mx.swapaxes(kk, -1, -2)) * scale  # (B, Hkv, G, S)
+    valid = mx.arange(max_length)[None, :] < lengths[:, None]  # (B, S)
+    s = mx.where(valid[:, None, None, :], s, -mx.inf)
     s = s - mx.max(s, axis=-1, keepdims=True)
     p = mx.exp(s)
     p = p / mx.sum(p, axis=-1, keepdims=True)

@@ -113,6 +113,8 @@ QWEN35_MOE_TMPL = [bf16, 256, True, False, 4096, 2048, 16, 2, 8, 256, 8, 512, 51
 QWEN35_DENSE_TMPL = [bf16, 256, True, False, 3584, 1024, 8, 2, 3584, 1, 1, 8, 0, 64, 16, 16, 128, 128, 4, 0]
 QWEN3_NEXT_TMPL = [bf16, 256, True, False, 5120, 2048, 16, 2, 5120, 512, 10, 512, 512, 64, 16, 32, 128, 128, 4, 1]
 
+PAGED_ATTN_INPUTS = ("q", "k", "v", "table", "lengths", "params", "scale")
+
 SPECS = {
     s.name: s
     for s in [
@@ -126,11 +128,18 @@ SPECS = {
               ["T", "HALF", "S0", "S1", "S2", "INTERLEAVED"], [("MG_MROPE", 1)],
               dtypes=[bf16, f32, f32, i32, i32], out=[bf16], tmpl=[bf16, 64, 24, 20, 20, True]),
         _spec("decode_attention", "decode_attention", ["q", "k", "v", "params", "scale"], ["out"],
-              ["T", "D", "G", "NW"], [("MG_SPLIT", 0)],
+              ["T", "D", "G", "NW"], [("MG_SPLIT", 0), ("MG_PAGED", 0)],
               dtypes=[bf16, bf16, bf16, i32, f32], out=[bf16], tmpl=[bf16, 128, 4, 4]),
         _spec("decode_attention_split", "decode_attention", ["q", "k", "v", "params", "scale"], ["po", "pml"],
-              ["T", "D", "G", "NW"], [("MG_SPLIT", 1)],
+              ["T", "D", "G", "NW"], [("MG_SPLIT", 1), ("MG_PAGED", 0)],
               dtypes=[bf16, bf16, bf16, i32, f32], out=[f32, f32], tmpl=[bf16, 64, 7, 4]),
+        # the same body over a paged pool: each row its own length and block table (a batch's decode step)
+        _spec("paged_decode_attention", "decode_attention", PAGED_ATTN_INPUTS, ["out"], ["T", "D", "G", "NW", "BS"],
+              [("MG_SPLIT", 0), ("MG_PAGED", 1)],
+              dtypes=[bf16, bf16, bf16, i32, i32, i32, f32], out=[bf16], tmpl=[bf16, 128, 2, 4, 32]),
+        _spec("paged_decode_attention_split", "decode_attention", PAGED_ATTN_INPUTS, ["po", "pml"],
+              ["T", "D", "G", "NW", "BS"], [("MG_SPLIT", 1), ("MG_PAGED", 1)],
+              dtypes=[bf16, bf16, bf16, i32, i32, i32, f32], out=[f32, f32], tmpl=[bf16, 64, 7, 4, 16]),
         _spec("kv_store", "kv_store", ["kc", "vc", "k", "v", "params", "dep"], ["sync", "ko", "vo"], ["T"],
               dtypes=[bf16, bf16, bf16, bf16, i32, u32], out=[u32, bf16, bf16], tmpl=[bf16]),
         _spec("attention_combine", "attention_combine", ["po", "pml", "params"], ["out"], ["T", "D", "G"],
@@ -278,7 +287,8 @@ CUDA_ONLY_SPECS = {
 }
 
 # the algorithms, for the "every kernel has both variants" check
-KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split", "kv_store",
+KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
+           "paged_decode_attention", "paged_decode_attention_split", "kv_store",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",

@@ -163,6 +163,40 @@ def test_gemv_dispatch_rule():
     assert not gpu.use_gemv(True, gpu.GEMV_MAX_ROWS + 1, 4096, 151936)
 
 
+def paged(lengths, bs, Hkv, D, dtype):
+    """A pool (slots, Hkv, D) with a spare block, each row's blocks shuffled through it: (k, v, table)."""
+    need = [-(-n // bs) for n in lengths]
+    order = RNG.permutation(sum(need) + 1)
+    table = np.zeros((len(lengths), max(need)), np.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[at : at + n]
+        at += n
+    slots = (sum(need) + 1) * bs
+    return rnd((slots, Hkv, D), dtype), rnd((slots, Hkv, D), dtype), mx.array(table)
+
+
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("bs", K.PAGED_BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_paged_decode_attention(G, bs, dtype):
+    # the public entry (on a GPU: the kernel, always), each row its own length; and the GPU module's split
+    # form forced (on the CPU it falls back to the reference)
+    lengths = [37, 1, 130, 64]
+    k, v, table = paged(lengths, bs, 2, 64, dtype)
+    q = rnd((4, 2 * G, 1, 64), dtype)
+    n = mx.array(lengths, mx.int32)
+    want = ref.paged_decode_attention(q, k, v, table, n, 130, bs, 0.125)
+    tol = 1e-4 if dtype == mx.float32 else 2e-2
+    assert rel(K.paged_decode_attention(q, k, v, table, n, 130, bs, 0.125), want) < tol
+    for ns in (1, 3):
+        assert rel(gpu.paged_decode_attention(q, k, v, table, n, 130, bs, 0.125, nsplit=ns), want) < tol
+    # max_length past every row's length reads nothing more
+    assert rel(K.paged_decode_attention(q, k, v, table, n, 140, bs, 0.125), want) < tol
+    with pytest.raises(ValueError, match="block size 24"):
+        K.paged_decode_attention(q, k, v, table, n, 130, 24, 0.125)
+
+
 def test_attention_split_rule():
     assert gpu.attention_splits(16, 100) == 1
     assert gpu.attention_splits(2, 32768) == math.ceil(gpu.ATTN_TARGET_GROUPS / 2)

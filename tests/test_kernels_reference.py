@@ -126,6 +126,39 @@ def test_decode_attention(G):
     assert rel(f64(o), np.einsum("bhqk,bhkd->bhqd", p, vn)) < 1e-5
 
 
+def random_pages(lengths, bs, Hkv, D, spare=3):
+    """A shuffled pool (slots, Hkv, D) with spare blocks no row holds, and each row's blocks: (k, v, table (B, MB))."""
+    need = [-(-n // bs) for n in lengths]
+    nblocks = sum(need) + spare
+    order = RNG.permutation(nblocks)
+    table, at = np.zeros((len(lengths), max(need)), np.int32), 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[at : at + n]
+        at += n
+    k = mx.array(RNG.standard_normal((nblocks * bs, Hkv, D))).astype(mx.float32)
+    v = mx.array(RNG.standard_normal((nblocks * bs, Hkv, D))).astype(mx.float32)
+    return k, v, mx.array(table)
+
+
+@pytest.mark.parametrize("G", [1, 3, 4])
+def test_paged_decode_attention(G):
+    # rows of different lengths, each over its own shuffled blocks; against float64 attention over each
+    # row's positions gathered by hand
+    lengths, bs, Hkv, D = [29, 1, 16, 40], 16, 2, 32
+    k, v, table = random_pages(lengths, bs, Hkv, D)
+    q = mx.array(RNG.standard_normal((len(lengths), Hkv * G, 1, D))).astype(mx.float32)
+    o = ref.paged_decode_attention(q, k, v, table, mx.array(lengths, mx.int32), max(lengths), bs, 0.3)
+    kn, vn, tn = f64(k), f64(v), np.array(table)
+    for b, n in enumerate(lengths):
+        slots = [tn[b, p // bs] * bs + p % bs for p in range(n)]
+        kb = np.repeat(kn[slots].transpose(1, 0, 2), G, axis=0)  # (Hq, n, D), HF repeat_kv
+        vb = np.repeat(vn[slots].transpose(1, 0, 2), G, axis=0)
+        s = np.einsum("hd,hkd->hk", f64(q)[b, :, 0], kb) * 0.3
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        assert rel(f64(o)[b, :, 0], np.einsum("hk,hkd->hd", p, vb)) < 1e-5, b
+
+
 @pytest.mark.parametrize("bits,gs", [(4, 32), (4, 64), (8, 64), (8, 128)])
 def test_linear_and_quantized(bits, gs):
     x = mx.array(RNG.standard_normal((3, 256))).astype(mx.float32)
