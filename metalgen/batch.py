@@ -5,7 +5,9 @@ all of them, sequences joining and leaving the running batch between steps.
 a sequence. Prompts that arrive are prefilled together, up to `prefill_batch` of them left-padded into one
 fresh batched cache (metalgen.batch_cache), one chunk of at most `prefill_step_size` tokens a step ahead of
 the running rows' decode, so that a long prompt does not stall the batch; when their prompts are complete
-their first tokens are sampled and they join the running batch. Given a `PrefixCache`
+their first tokens are sampled and they join the running batch, whose KV is paged (metalgen.paged_cache:
+each row its own blocks) and whose decode step runs traced layer halves (metalgen.batch_step). Given a
+`PrefixCache`
 (metalgen.prefix_cache), a prompt starts from the KV of its longest prefix held there and only the rest is
 prefilled; prompts (once prefilled) and finished sequences go into it. `batch_generate` is the offline API
 over it: prompts in, texts out.
@@ -26,9 +28,11 @@ import mlx.core as mx
 import kernels_metal as K
 from profiling import NullTracer
 
-from .batch_cache import BatchKVCache, extend_caches, filter_caches
+from .batch_cache import BatchKVCache, filter_caches
+from .batch_step import BatchStep
 from .errors import MetalgenError
 from .generate import TokenText, process_and_sample, sample_with_top
+from .paged_cache import PagedBatchCache
 from .prefix_cache import PrefixCache
 from .sampling import DeviceSampler, LogitsProcessor, RepetitionPenalty, Sampler, make_sampler
 
@@ -115,10 +119,10 @@ class BatchGenerator:
     """Decodes up to `max_batch` sequences together, one forward pass a token for all of them.
 
     `step()` advances every sequence by one token and returns their tokens; finished or removed sequences
-    leave first. Sequences inserted since are prefilled together (up to `prefill_batch` rows, left-padded
-    into one batched cache), at most one chunk of `prefill_step_size` tokens a step, enqueued ahead of the
-    running rows' decode; a group whose prompts are complete samples its first tokens and joins the batch
-    in that step. The loop is double-buffered like generate_step's: the next step is enqueued before this
+    leave first (their blocks freed). Sequences inserted since are prefilled together (up to
+    `prefill_batch` rows, left-padded into one batched cache), at most one chunk of `prefill_step_size`
+    tokens a step, enqueued ahead of the running rows' decode; a group whose prompts are complete samples
+    its first tokens and joins the batch in that step (each row's KV copied into blocks of the paged cache). The loop is double-buffered like generate_step's: the next step is enqueued before this
     step's tokens are read back, and those (B,) token ids (with their computed logprobs) are the only
     per-step readback.
     """
@@ -145,6 +149,7 @@ class BatchGenerator:
         self.context = model.spec.max_position_embeddings
         self._uids = itertools.count()
         self._greedy = make_sampler()
+        self._step = BatchStep(model)  # the decode step over the paged cache, its layers traced
         # the rows sampled in one launch (_sample_fused): their device states [seed, counter, stream] (B, 3),
         # for the rows `_state_uids` in that order; the kernel's scratch (max_batch rows) by vocabulary size
         self._states: Optional[mx.array] = None
@@ -153,7 +158,7 @@ class BatchGenerator:
         self.waiting: Deque[_Row] = collections.deque()  # inserted, prefill not begun
         self.prefilling: Optional[_Prefill] = None  # the group being prefilled, a chunk a step
         self.rows: List[_Row] = []  # the batch, in the caches' row order
-        self.cache = None  # per-layer BatchKVCaches of the rows, None when empty
+        self.cache: Optional[PagedBatchCache] = None  # the rows' KV in blocks, None when the batch is empty
         # the rows' tokens not yet read back (B,), lazy: sampled by the step before, fed by the next
         self.tokens: Optional[mx.array] = None
         self.logprobs: Optional[mx.array] = None
@@ -239,11 +244,11 @@ class BatchGenerator:
         if self.prefix_cache is not None:
             for b, row in enumerate(self.rows):
                 if row.done:  # its prompt and the tokens it was fed, for a later request that goes on from them
-                    c = self.cache[0]
-                    self._store(self.cache, b, row.ids[: c.offset - c.padding[b]])
+                    self.prefix_cache.insert(row.ids[: self.cache.lengths[b]], self.cache.row_slicer(b))
         self.rows = [self.rows[i] for i in keep]
-        self.cache = filter_caches(self.cache, keep)
+        self.cache.keep(keep)  # the others' blocks are free now
         if not keep:
+            self.cache = None  # the pools go with the last row: memory back to idle
             self.tokens = self.logprobs = None
             self._states, self._state_uids = None, ()  # nothing to carry over: let the memory go
             return
@@ -278,7 +283,7 @@ class BatchGenerator:
         if self.prefix_cache is not None:  # their prompts now: arrivals sharing them need not wait for the end
             for g, row in enumerate(group.rows):
                 self._store(group.cache, g, row.ids)
-        rows, cache = group.rows, group.cache
+        rows, at = group.rows, list(range(len(group.rows)))
         if any(group.twins):
             # each twin joins with a copy of its prompt's cache row and the same last logits; the rows in the
             # order they were inserted, as without sharing
@@ -287,10 +292,11 @@ class BatchGenerator:
             rows = [r for r, _ in pairs]
             at = [g for _, g in pairs]
             logits = logits[mx.array(at, mx.int32)]
-            cache = filter_caches(cache, at)  # row copies (and no left column all padding)
         tokens, logprobs = self._first_tokens(logits, rows)
         self.prefilling = None
-        self.cache = extend_caches(self.cache, cache)
+        if self.cache is None:
+            self.cache = PagedBatchCache(len(self.model.layers))
+        self.cache.join(group.cache, at)  # each row's KV copied into blocks of its own
         self.rows += rows
         if self.tokens is None:
             self.tokens, self.logprobs = tokens, logprobs
@@ -447,7 +453,8 @@ class BatchGenerator:
     def _decode(self, tokens: mx.array) -> Tuple[mx.array, mx.array]:
         """Enqueue one decode step of the whole batch fed `tokens` (B,): lazy (tokens (B,), logprobs (B,))."""
         with self.tracer.span("decode_step", tokens=int(tokens.size), sync=False):
-            h = self.model.hidden(tokens[:, None], cache=self.cache)  # (B, 1) -> (B, 1, hidden)
+            self.cache.begin_step()  # each row's slot, lengths and block table for this step
+            h = self._step.hidden(tokens, self.cache)  # (B,) -> (B, 1, hidden)
             logits = self.model.logits(h[:, -1, :])  # (B, vocab)
         with self.tracer.span("sample", sync=False):
             return self._sample(logits, tokens)

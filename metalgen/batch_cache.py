@@ -1,10 +1,11 @@
-"""The KV cache of one attention layer for a batch of sequences decoded together (metalgen.batch).
+"""The KV cache of one attention layer for prompts prefilled together (metalgen.batch), until they join the
+running batch's paged cache (metalgen.paged_cache).
 
-Rows are left-padded so that every row's newest token sits in the same column: one decode step writes
-one column for all rows, and the attention of every row reads the same key range, with its padding
-masked out (`make_mask`) and RoPE turning each row at its own position (`positions`). Rows join
-(`extend`: prompts prefilled together into a fresh `BatchKVCache.empty`, or one prefilled alone into a
-per-layer KVCache) and leave (`filter`) between steps.
+Rows are left-padded so that every row's newest token sits in the same column: one chunk writes the same
+columns for all rows, and the attention of every row reads the same key range, with its padding masked
+out (`make_mask`) and RoPE turning each row at its own position (`positions`). A row cancelled mid-prefill
+leaves its group (`filter`); a group may also start from columns a prefix cache already holds
+(`prefilled`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from .cache import KVCache
 from .errors import MetalgenError
 
 
@@ -34,16 +34,6 @@ class BatchKVCache:
         self.keys, self.values = keys, values
         self.offset = int(offset)
         self._set_padding(padding)
-
-    @classmethod
-    def from_cache(cls, cache: KVCache) -> "BatchKVCache":
-        """One row holding what a per-layer KVCache holds (a prompt prefilled alone)."""
-        if not isinstance(cache, KVCache) or cache.keys is None or cache.offset == 0:
-            raise MetalgenError("only a filled per-layer KVCache can join a batch")
-        if cache.keys.shape[0] != 1:
-            raise MetalgenError(f"a KVCache joining a batch must hold one sequence, not {cache.keys.shape[0]}")
-        n = cache.offset
-        return cls(*_with_room(cache.keys[..., :n, :], cache.values[..., :n, :], n, cls.step), n, [0])
 
     @classmethod
     def empty(cls, padding: Sequence[int]) -> "BatchKVCache":
@@ -112,22 +102,6 @@ class BatchKVCache:
         self.update(k, v)
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
 
-    def extend(self, other: "BatchKVCache") -> None:
-        """Append `other`'s rows after these. The shorter side gets more left padding so that the newest
-        tokens of both stay in one column."""
-        offset = max(self.offset, other.offset)
-        parts = []
-        for c in (self, other):
-            grow = offset - c.offset  # columns prepended: that side's rows start later
-            pad = [(0, 0), (0, 0), (grow, 0), (0, 0)]
-            parts.append((mx.pad(c.keys[..., : c.offset, :], pad), mx.pad(c.values[..., : c.offset, :], pad),
-                           [p + grow for p in c.padding]))
-        keys = mx.concatenate([parts[0][0], parts[1][0]], axis=0)
-        values = mx.concatenate([parts[0][1], parts[1][1]], axis=0)
-        self.keys, self.values = _with_room(keys, values, offset, self.step)
-        self.offset = offset
-        self._set_padding(parts[0][2] + parts[1][2])
-
     def filter(self, keep: Sequence[int]) -> int:
         """Keep only the rows `keep` (indices, in the order given), and drop the left columns that are
         padding in every row kept. Returns how many columns were dropped: of rows still being prefilled
@@ -161,20 +135,10 @@ class BatchKVCache:
 
 def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
     """keys, values (B, H, used, D) copied into buffers with room past `used` (capacity rounded up to
-    `step`, at least one free column, so the next decode step does not reallocate)."""
+    `step`, at least one free column, so that a one-column chunk does not reallocate)."""
     capacity = ((used + step) // step) * step
     pad = [(0, 0), (0, 0), (0, capacity - keys.shape[2]), (0, 0)]
     return mx.pad(keys, pad), mx.pad(values, pad)
-
-
-def extend_caches(batch: Optional[List[BatchKVCache]], rows: List[BatchKVCache]) -> List[BatchKVCache]:
-    """Append the rows of per-layer BatchKVCaches (prompts prefilled together) to a batch's per-layer caches;
-    `batch` None starts a batch with them. Returns the batch's caches."""
-    if batch is None:
-        return rows
-    for b, r in zip(batch, rows):
-        b.extend(r)
-    return batch
 
 
 def filter_caches(batch: List[BatchKVCache], keep: Sequence[int]) -> Optional[List[BatchKVCache]]:

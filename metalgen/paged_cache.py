@@ -1,0 +1,204 @@
+"""The running batch's KV cache, paged: every layer keeps one pool of fixed-size blocks, and each row of
+the batch holds a list of blocks of its own, as many as its length needs (metalgen.batch).
+
+Why pages rather than one (B, kv_heads, capacity, head_dim) buffer a layer (metalgen.batch_cache, which
+prompts prefilled together still use until they join): with a shared buffer every row is as long as the
+longest one (left padding) and attention reads that padding; a row that joins or leaves moves the whole
+batch's KV (a concatenation, a gather of the kept rows). Here a row's memory follows its own length to
+the block, a decode step writes one slot a row, attention reads each row's own blocks through its block
+table (kernels_metal.paged_decode_attention: no mask, no padding), a joining row's KV is copied once
+into its blocks, and a leaving row's blocks go back to the free list with no device work at all.
+
+The bookkeeping (which blocks each row holds, each row's length) is the host's, so that the per-step
+arrays (block table, lengths, the slots written) need no readback. The pool grows when the free list
+runs out (doubling, a copy of the pool), and is dropped with the batch when the batch empties.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+import kernels_metal as K
+
+from .batch_cache import BatchKVCache
+from .errors import MetalgenError
+
+BLOCK_SIZE = 32  # positions a block; one of kernels_metal.PAGED_BLOCK_SIZES
+
+
+class PagedKVCache:
+    """One attention layer's pool: keys and values (slots, kv_heads, head_dim), blocks of
+    `table.block_size` consecutive slots, which the rows of `table` hold. Decode only: one new token a
+    row (`attend`); prompts are prefilled elsewhere and copied in (PagedBatchCache.join)."""
+
+    def __init__(self, table: "PagedBatchCache"):
+        self.table = table
+        self.keys: Optional[mx.array] = None
+        self.values: Optional[mx.array] = None
+
+    @property
+    def positions(self) -> mx.array:
+        """(B,) int32: each row's length before this step, where RoPE turns its new token."""
+        return self.table.positions
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        """Write the step's k, v (B, kv_heads, 1, head_dim) into each row's next slot and return the
+        attention of q (B, heads, 1, head_dim) over each row's positions, the new one included."""
+        if q.shape[2] != 1:
+            raise MetalgenError("a paged KV cache takes one token a row (prompts are prefilled elsewhere)")
+        t = self.table
+        slots = t.slots  # (B,)
+        # (B, kv_heads, 1, D) -> (B, kv_heads, D): one slot a row
+        self.keys[slots] = k[:, :, 0, :].astype(self.keys.dtype)
+        self.values[slots] = v[:, :, 0, :].astype(self.values.dtype)
+        return K.paged_decode_attention(q, self.keys, self.values, t.block_table, t.kv_lengths, t.max_length,
+                                        t.block_size, scale)
+
+    def _grow(self, slots: int, heads: int, head_dim: int, dtype) -> None:
+        """Room for `slots` slots in all, the pool's contents kept."""
+        if self.keys is None:
+            shape = (slots, heads, head_dim)
+            self.keys, self.values = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
+            return
+        extra = slots - self.keys.shape[0]
+        if extra > 0:
+            pad = [(0, extra), (0, 0), (0, 0)]
+            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+
+    @property
+    def state(self) -> List[mx.array]:
+        """The arrays to evaluate to materialize this cache."""
+        return [] if self.keys is None else [self.keys, self.values]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+class PagedBatchCache:
+    """The running batch's KV, every layer's pool (`layers`, what the model is given as its cache) and the
+    rows' blocks. Rows are in the batch's order; `join` appends rows, `keep` drops rows, `begin_step`
+    makes the arrays of the decode step about to be enqueued (and gives each row a block where its next
+    position starts one)."""
+
+    def __init__(self, num_layers: int, block_size: int = BLOCK_SIZE):
+        if block_size not in K.PAGED_BLOCK_SIZES:
+            raise MetalgenError(f"a paged KV cache's block size must be one of {K.PAGED_BLOCK_SIZES}, "
+                                f"got {block_size}")
+        self.block_size = block_size
+        self.layers = [PagedKVCache(self) for _ in range(num_layers)]
+        self.blocks: List[List[int]] = []  # per row, its blocks in position order
+        self.lengths: List[int] = []  # per row, the positions written (or about to be, once begin_step ran)
+        self.capacity = 0  # blocks in each pool
+        self._shape = None  # (kv_heads, head_dim, dtype) of the pools, from the first rows joined
+        self._free: List[int] = []  # blocks no row holds (a stack: the last freed is reused first)
+        # the step's device arrays (begin_step)
+        self.positions = self.kv_lengths = self.slots = self.block_table = None
+        self.max_length = 0
+
+    @property
+    def size(self) -> int:
+        """The number of rows."""
+        return len(self.lengths)
+
+    @property
+    def blocks_held(self) -> int:
+        return self.capacity - len(self._free)
+
+    def _take(self, n: int) -> List[int]:
+        """n free blocks, the pools grown (doubling) when the free list is short."""
+        if len(self._free) < n:
+            grown = max(self.capacity * 2, self.capacity + n - len(self._free), 16)
+            for layer in self.layers:
+                layer._grow(grown * self.block_size, *self._shape)
+            # new blocks go under the old free ones: lower ids first, so that pools stay dense
+            self._free = list(range(grown - 1, self.capacity - 1, -1)) + self._free
+            self.capacity = grown
+        return [self._free.pop() for _ in range(n)]
+
+    def join(self, group: Sequence[BatchKVCache], at: Sequence[int]) -> None:
+        """Append rows whose prompts were prefilled together in `group` (per-layer left-padded caches):
+        new row i is row at[i] of the group (a row may be named twice: a request's `n` choices each get a
+        copy). Each new row's KV, without its padding, is copied into blocks of its own."""
+        first = group[0]
+        if self._shape is None:
+            self._shape = (first.keys.shape[1], first.keys.shape[3], first.keys.dtype)
+        lengths = [first.offset - first.padding[g] for g in at]
+        bs = self.block_size
+        new_blocks = [self._take(-(-n // bs)) for n in lengths]
+        # the copy, one gather and one scatter a layer: source rows of the group's (G, Hkv, S, Hd) buffers
+        # flattened to (G * S, Hkv, Hd), destination slots of the pool
+        S = first.keys.shape[2]
+        src, dst = [], []
+        for g, n, blocks in zip(at, lengths, new_blocks):
+            pad = first.padding[g]
+            src.append(np.arange(n, dtype=np.int32) + g * S + pad)
+            pos = np.arange(n, dtype=np.int32)
+            dst.append(np.asarray(blocks, np.int32)[pos // bs] * bs + pos % bs)
+        src_idx, dst_idx = mx.array(np.concatenate(src)), mx.array(np.concatenate(dst))
+        for layer, c in zip(self.layers, group):
+            G, H, _, D = c.keys.shape
+            # (G, H, S, D) -> (G, S, H, D) -> (G * S, H, D)
+            layer.keys[dst_idx] = mx.swapaxes(c.keys, 1, 2).reshape(G * S, H, D)[src_idx]
+            layer.values[dst_idx] = mx.swapaxes(c.values, 1, 2).reshape(G * S, H, D)[src_idx]
+        self.blocks += new_blocks
+        self.lengths += lengths
+
+    def keep(self, keep: Sequence[int]) -> None:
+        """Keep only the rows `keep` (indices, in the order given); the others' blocks are free at once."""
+        keep = [int(i) for i in keep]
+        kept = set(keep)
+        for i, blocks in enumerate(self.blocks):
+            if i not in kept:
+                self._free.extend(reversed(blocks))
+        self.blocks = [self.blocks[i] for i in keep]
+        self.lengths = [self.lengths[i] for i in keep]
+
+    def begin_step(self) -> None:
+        """Make the device arrays of the decode step about to be enqueued, which writes each row's next
+        position: a row whose next position starts a block gets one first. Advances the lengths."""
+        bs = self.block_size
+        for b, n in enumerate(self.lengths):
+            if n == len(self.blocks[b]) * bs:
+                self.blocks[b] += self._take(1)
+        lengths = np.asarray(self.lengths, np.int32)
+        width = max(len(blocks) for blocks in self.blocks)
+        table = np.zeros((len(self.blocks), width), np.int32)  # past a row's blocks: never read
+        for b, blocks in enumerate(self.blocks):
+            table[b, : len(blocks)] = blocks
+        slots = table[np.arange(len(lengths)), lengths // bs] * bs + lengths % bs
+        self.positions = mx.array(lengths)
+        self.kv_lengths = mx.array(lengths + 1)
+        self.slots = mx.array(slots.astype(np.int32))
+        self.block_table = mx.array(table)
+        self.max_length = int(lengths.max()) + 1
+        self.lengths = [n + 1 for n in self.lengths]
+
+    def row_slicer(self, b: int) -> Callable[[int, int], Tuple[mx.array, mx.array]]:
+        """For the prefix cache: (begin, end) -> row b's keys and values of positions begin .. end - 1, each
+        (layers, kv_heads, end - begin, head_dim), a copy of their own."""
+        bs = self.block_size
+        blocks = np.asarray(self.blocks[b], np.int32)
+
+        def slicer(begin: int, end: int) -> Tuple[mx.array, mx.array]:
+            if not 0 <= begin < end <= self.lengths[b]:
+                raise MetalgenError(f"row {b} holds {self.lengths[b]} positions, not {begin} .. {end}")
+            pos = np.arange(begin, end, dtype=np.int32)
+            idx = mx.array(blocks[pos // bs] * bs + pos % bs)
+            # each layer's (n, Hkv, D) -> (Hkv, n, D), stacked: (layers, Hkv, n, D)
+            return (mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.layers]),
+                    mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.layers]))
+
+        return slicer
+
+    @property
+    def state(self) -> List[mx.array]:
+        return [a for layer in self.layers for a in layer.state]
+
+    @property
+    def nbytes(self) -> int:
+        """The pools' bytes (held blocks and free ones)."""
+        return sum(layer.nbytes for layer in self.layers)

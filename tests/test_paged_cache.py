@@ -1,0 +1,163 @@
+"""metalgen.paged_cache: rows joining with their own blocks, blocks freed and reused as rows leave, the pool
+growing without losing what it holds, the step's slots and table, the prefix cache's copies, and a paged
+decode step's logits against each sequence decoded alone (tiny float32 models on the CPU)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metalgen.batch_cache import BatchKVCache
+from metalgen.cache import make_prompt_cache
+from metalgen.errors import MetalgenError
+from metalgen.paged_cache import PagedBatchCache
+
+from checkpoints import BATCH_CONFIGS, tiny_model
+
+
+def group_of(lengths, heads=2, dim=4, layers=1, start=1.0):
+    """Per-layer left-padded caches as a prefill leaves them: row g holds lengths[g] positions whose keys
+    count up from start + 1000 g (values negated; each layer adds 1e5), after its padding."""
+    T = max(lengths)
+    caches = []
+    for layer in range(layers):
+        c = BatchKVCache.empty([T - n for n in lengths])
+        k = np.zeros((len(lengths), heads, T, dim), np.float32)
+        for g, n in enumerate(lengths):
+            k[g, :, T - n :] = (start + 1000 * g + 1e5 * layer + np.arange(heads * n * dim)).reshape(heads, n, dim)
+        c.update(mx.array(k), mx.array(-k))
+        caches.append(c)
+    return caches
+
+
+def row_keys(cache: PagedBatchCache, b: int, layer: int = 0) -> np.ndarray:
+    """Row b's keys as (heads, length, dim), read through its blocks."""
+    k, _ = cache.row_slicer(b)(0, cache.lengths[b])
+    return np.array(k[layer])
+
+
+def written(group, g: int, layer: int = 0) -> np.ndarray:
+    c = group[layer]
+    return np.array(c.keys[g, :, c.padding[g] : c.offset])
+
+
+def test_rows_join_in_blocks_of_their_own_and_leave_them_free():
+    cache = PagedBatchCache(num_layers=2, block_size=16)
+    group = group_of([3, 20, 17], layers=2)
+    cache.join(group, [0, 1, 2])
+    assert cache.lengths == [3, 20, 17]
+    assert [len(b) for b in cache.blocks] == [1, 2, 2]  # each row's length, to the block
+    assert len({b for blocks in cache.blocks for b in blocks}) == 5  # no block shared
+    for b in range(3):
+        for layer in range(2):
+            assert np.array_equal(row_keys(cache, b, layer), written(group, b, layer))
+        _, v = cache.row_slicer(b)(0, cache.lengths[b])
+        assert np.array_equal(np.array(v[1]), -written(group, b, 1))
+    held = cache.blocks_held
+    freed = set(cache.blocks[1])
+    cache.keep([2, 0])  # the 20-token row leaves; the others keep their blocks, in the new order
+    assert cache.lengths == [17, 3] and cache.blocks_held == held - 2
+    assert np.array_equal(row_keys(cache, 0), written(group, 2)) and np.array_equal(row_keys(cache, 1), written(group, 0))
+    # a twin (a request's `n` choices) gets its own copy of its prompt's row; freed blocks are reused first
+    twins = group_of([5], layers=2, start=7.0)
+    cache.join(twins, [0, 0])
+    assert set(cache.blocks[2]) | set(cache.blocks[3]) <= freed and cache.blocks[2] != cache.blocks[3]
+    assert np.array_equal(row_keys(cache, 2), written(twins, 0)) and np.array_equal(row_keys(cache, 3), written(twins, 0))
+
+
+def test_the_pool_grows_and_keeps_what_it_holds():
+    cache = PagedBatchCache(num_layers=1, block_size=16)
+    group = group_of([40])
+    cache.join(group, [0])
+    first = cache.capacity
+    assert first >= 3
+    big = group_of([16 * first], start=5.0)  # more blocks than are free: the pools grow
+    cache.join(big, [0])
+    assert cache.capacity > first
+    assert cache.layers[0].keys.shape[0] == cache.capacity * 16
+    assert np.array_equal(row_keys(cache, 0), written(group, 0))
+    assert np.array_equal(row_keys(cache, 1), written(big, 0))
+
+
+def test_a_step_writes_each_rows_next_slot_and_crosses_into_a_new_block():
+    cache = PagedBatchCache(num_layers=1, block_size=16)
+    cache.join(group_of([16, 5]), [0, 1])
+    assert [len(b) for b in cache.blocks] == [1, 1]
+    cache.begin_step()
+    # row 0's 17th position starts its second block; row 1 writes its 6th position
+    assert [len(b) for b in cache.blocks] == [2, 1] and cache.lengths == [17, 6]
+    assert cache.positions.tolist() == [16, 5] and cache.kv_lengths.tolist() == [17, 6]
+    assert cache.max_length == 17
+    table = cache.block_table.tolist()
+    assert table[0] == cache.blocks[0] and table[1][0] == cache.blocks[1][0]
+    assert cache.slots.tolist() == [cache.blocks[0][1] * 16, cache.blocks[1][0] * 16 + 5]
+    # what the model's attention writes: one slot a row
+    layer = cache.layers[0]
+    q = mx.zeros((2, 2, 1, 4))
+    k = mx.full((2, 2, 1, 4), 9.0)
+    layer.attend(q, k, -k, 0.5)
+    assert np.array_equal(row_keys(cache, 0)[:, 16], np.full((2, 4), 9.0))
+    assert np.array_equal(row_keys(cache, 1)[:, 5], np.full((2, 4), 9.0))
+    with pytest.raises(MetalgenError, match="one token a row"):
+        layer.attend(mx.zeros((2, 2, 3, 4)), mx.zeros((2, 2, 3, 4)), mx.zeros((2, 2, 3, 4)), 0.5)
+
+
+def test_bad_block_sizes_and_slices_are_one_line_errors():
+    with pytest.raises(MetalgenError, match="block size must be one of"):
+        PagedBatchCache(num_layers=1, block_size=24)
+    cache = PagedBatchCache(num_layers=1, block_size=16)
+    cache.join(group_of([4]), [0])
+    with pytest.raises(MetalgenError, match="holds 4 positions, not 2 .. 6"):
+        cache.row_slicer(0)(2, 6)
+
+
+def close(batched: np.ndarray, alone: np.ndarray) -> bool:
+    return float(np.abs(batched - alone).max()) <= 1e-4 * float(np.abs(alone).max())
+
+
+def prefill_group(model, prompts):
+    """Prompts prefilled together, left-padded, as metalgen.batch does before they join: (caches, logits)."""
+    T = max(map(len, prompts))
+    padding = [T - len(p) for p in prompts]
+    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
+    logits = model(ids, cache=group)[:, -1]
+    mx.eval(logits, [c.state for c in group])
+    return group, logits
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_paged_decode_logits_equal_each_sequence_alone(kind):
+    """Rows of prompt lengths 7, 12 and 3 (block size 16: the 12-token row crosses into its second block on
+    the 5th step) fed the same tokens batched and alone: every step's logits agree, while row 2 joins after
+    two steps and row 1 leaves after four (its blocks freed, and reused by nothing that breaks the others)."""
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (7, 12, 3)]
+    feeds = rng.integers(0, 512, (3, 6)).tolist()
+    alone = []
+    for p, feed in zip(prompts, feeds):
+        c = make_prompt_cache(model, decode="plain")
+        model(mx.array([p]), cache=c)
+        alone.append([np.array(model(mx.array([[t]]), cache=c)[0, -1]) for t in feed])
+
+    cache = PagedBatchCache(len(model.layers), block_size=16)
+    cache.join(prefill_group(model, prompts[:2])[0], [0, 1])
+    rows, fed = [0, 1], [0, 0, 0]
+    compared = 0
+    for step in range(6):
+        if step == 2:
+            cache.join(prefill_group(model, prompts[2:])[0], [0])
+            rows.append(2)
+        if step == 4:
+            cache.keep([rows.index(0), rows.index(2)])
+            rows = [0, 2]
+        inputs = mx.array([[feeds[r][fed[r]]] for r in rows])  # (B, 1)
+        cache.begin_step()
+        logits = np.array(model(inputs, cache=cache.layers)[:, -1])
+        for i, r in enumerate(rows):
+            assert close(logits[i], alone[r][fed[r]]), (kind, step, r)
+            fed[r] += 1
+            compared += 1
+    assert compared == 14 and cache.lengths == [7 + 6, 3 + 4]
