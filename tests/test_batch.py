@@ -68,6 +68,25 @@ def test_batched_tokens_equal_each_sequence_alone(kind):
     assert len(set(tokens[uids[0]])) > 3  # the sampled row really samples
 
 
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_a_batch_of_traced_steps_gives_each_sequence_its_tokens_alone(kind):
+    """8 rows (past kernels_metal.GEMV_MAX_ROWS: the step runs traced layer halves, metalgen.batch_step),
+    their budgets staggered so that the batch shrinks through the threshold to the untraced step; one row
+    sampled with a seed, one with a repetition penalty: each row's tokens are those it gets alone."""
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(3, 30, 8)]
+    budgets = [12, 3, 5, 7, 9, 4, 11, 6]
+    samplers = [make_sampler(1.0, seed=3)] + [None] * 7
+    processors = [[]] * 5 + [make_logits_processors(1.5, 8)] + [[]] * 2
+    gen = BatchGenerator(model, max_batch=8)
+    uids = [gen.insert(p, n, s, lp) for p, n, s, lp in zip(prompts, budgets, samplers, processors)]
+    tokens, _ = run(gen)
+    for uid, p, n, s, lp in zip(uids, prompts, budgets, samplers, processors):
+        fresh = make_sampler(1.0, seed=3) if s is not None else None  # samplers and processors anew
+        assert tokens[uid] == alone(model, p, n, fresh, make_logits_processors(1.5, 8) if lp else []), (kind, uid)
+
+
 def test_stop_ids_cancellation_and_a_late_join():
     model = tiny_model(BATCH_CONFIGS["qwen3"])
     rng = np.random.default_rng(3)

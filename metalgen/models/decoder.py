@@ -70,9 +70,14 @@ def spec_from_args(args, **overrides) -> DecoderSpec:
 def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None, cache=None) -> mx.array:
     """Attention of q (B, Hq, L, D) over the new k, v (B, Hkv, L, D) appended to `cache` (if any):
     the decode kernel reads the cache in place for one unmasked token, SDPA takes the rest, among them
-    a batch's decode step, whose array mask hides each row's left padding. -> (B, Hq, L, D)"""
+    a batch's prefill, whose array mask hides each row's left padding; a cache that attends itself (a
+    batch's paged cache, metalgen.paged_cache: each row its own blocks and length) takes its decode step.
+    -> (B, Hq, L, D)"""
     if cache is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    own = getattr(cache, "attend", None)
+    if own is not None:
+        return own(q, k, v, scale)
     if q.shape[2] == 1 and mask is None:
         cache.update(k, v)
         return K.decode_attention(q, cache.keys, cache.values, cache.offset, scale)
@@ -108,7 +113,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)
         self._rope = rope
 
-    def __call__(self, x: mx.array, mask=None, cache=None, position_ids=None) -> mx.array:
+    def project(self, x: mx.array, offset, position_ids=None):
+        """x (B, L, hidden) -> q, k turned at positions offset .. (an int, or an int32 array: a scalar or
+        one start a row), v: each (B, heads, L, D)."""
         B, L, _ = x.shape
         # (B, L, heads * D) -> (B, L, heads, D); per-head norms act on D before RoPE
         q = self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim)
@@ -119,17 +126,20 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         # -> (B, heads, L, D)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        offset = rope_offset(cache)
         if position_ids is None:
-            q = self._rope(q, offset)
-            k = self._rope(k, offset)
-        else:  # explicit positions (M-RoPE: (3, B, L)); only rope objects that take them get them
-            q = self._rope(q, offset, position_ids)
-            k = self._rope(k, offset, position_ids)
+            return self._rope(q, offset), self._rope(k, offset), v
+        # explicit positions (M-RoPE: (3, B, L)); only rope objects that take them get them
+        return self._rope(q, offset, position_ids), self._rope(k, offset, position_ids), v
 
+    def output(self, o: mx.array) -> mx.array:
+        """The attention output o (B, heads, L, D) through o_proj -> (B, L, hidden)."""
+        B, _, L, _ = o.shape
         # (B, heads, L, D) -> (B, L, heads * D)
-        o = attend(q, k, v, self.scale, mask, cache).transpose(0, 2, 1, 3).reshape(B, L, -1)
-        return self.o_proj(o)
+        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def __call__(self, x: mx.array, mask=None, cache=None, position_ids=None) -> mx.array:
+        q, k, v = self.project(x, rope_offset(cache), position_ids)
+        return self.output(attend(q, k, v, self.scale, mask, cache))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,52 @@
+"""metalgen.batch_step: the batch's decode step with traced layer halves gives the hidden states of the
+model's own layers over the same paged cache, at batch sizes above and below the traced threshold, while
+rows join and leave (tiny float32 models on the CPU)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import kernels_metal as K
+from metalgen.batch_cache import BatchKVCache
+from metalgen.batch_step import BatchStep
+from metalgen.paged_cache import PagedBatchCache
+
+from checkpoints import BATCH_CONFIGS, tiny_model
+
+
+def prefilled(model, prompts):
+    T = max(map(len, prompts))
+    padding = [T - len(p) for p in prompts]
+    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    mx.eval(model(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), cache=group))
+    cache = PagedBatchCache(len(model.layers), block_size=16)
+    cache.join(group, list(range(len(prompts))))
+    return cache
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_traced_step_equals_the_layers_as_they_are(kind):
+    model = tiny_model(BATCH_CONFIGS[kind])
+    rng = np.random.default_rng(7)
+    B = K.GEMV_MAX_ROWS + 3  # traced
+    prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(2, 20, B)]
+    traced, plain = prefilled(model, prompts), prefilled(model, prompts)
+    step = BatchStep(model)
+    assert step.halves[0] is not None
+    rows = list(range(B))
+    for s in range(5):
+        if s == 3:  # rows leave: below the threshold the step runs the layers as they are
+            rows = rows[: K.GEMV_MAX_ROWS - 1]
+            traced.keep(list(range(len(rows))))
+            plain.keep(list(range(len(rows))))
+        tokens = mx.array(rng.integers(0, 512, len(rows)), mx.int32)
+        traced.begin_step()
+        plain.begin_step()
+        got = np.array(step.hidden(tokens, traced))
+        want = np.array(model.hidden(tokens[:, None], cache=plain.layers))
+        assert got.shape == (len(rows), 1, model.spec.hidden_size)
+        assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max()), (kind, s)
+    for a, b in zip(traced.layers, plain.layers):  # the same positions written
+        assert np.allclose(np.array(a.keys), np.array(b.keys), atol=1e-5)
