@@ -60,10 +60,16 @@ def forward_only(model, B: int) -> float:
     joined(gen)
     tokens = mx.zeros((B,), mx.int32)
     t0 = time.perf_counter()
+    # the running batch's cache: paged (metalgen.paged_cache), or per-layer left-padded caches in a tree from
+    # before 2026-11-26 (so that one script times both in an A/B: PYTHONPATH=<old tree>)
+    paged = hasattr(gen.cache, "begin_step")
+    layers = gen.cache.layers if paged else gen.cache
     for _ in range(STEPS):
-        h = model.hidden(tokens[:, None], cache=gen.cache)
+        if paged:
+            gen.cache.begin_step()
+        h = model.hidden(tokens[:, None], cache=layers)
         logits = model.logits(h[:, -1, :])
-        mx.eval(logits, [c.state for c in gen.cache])
+        mx.eval(logits, [c.state for c in layers])
     return (time.perf_counter() - t0) / STEPS
 
 
