@@ -30,6 +30,7 @@ __all__ = [
     "decode_attention",
     "paged_decode_attention",
     "PAGED_BLOCK_SIZES",
+    "qk_rope_store",
     "kv_store",
     "linear",
     "quantized_linear",
@@ -163,6 +164,17 @@ def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size:
         raise ValueError(f"paged_decode_attention: block size {block_size} is not one of {PAGED_BLOCK_SIZES}")
     return _impl_for("paged_decode_attention").paged_decode_attention(
         q, k, v, table, lengths, int(max_length), int(block_size), float(scale))
+
+
+def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool):
+    """A batch's decode step from its q/k/v projections to paged attention's inputs, in one launch on a GPU:
+    q (B, Hq * D), k, v (B, Hkv * D) (leading shape: B rows); the heads of q and k RMS-normed by q_weight,
+    k_weight (D,) where not None (Qwen3), turned by RoPE (`table`: the model's RopeTable, its dims D) at
+    positions (B,) int32; row b's key and value heads written at slot slots[b] (B,) int32 of the pools
+    k_pool, v_pool (slots, Hkv, D). Returns (q (B, Hq, 1, D), k_pool, v_pool): the pools to use from now on
+    (on a GPU the same memory, written in place and ordered after the write; elsewhere new arrays)."""
+    return _impl_for("qk_rope_store").qk_rope_store(q, k, v, q_weight, k_weight, float(eps), table, positions,
+                                                    slots, k_pool, v_pool)
 
 
 def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):

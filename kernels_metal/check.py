@@ -165,6 +165,39 @@ def c_paged_attn(lengths, Hkv, G, D, bs=32, nsplit=None):
 
 
 @case
+def c_qk_store(B, Hq, Hkv, D, norms=True):
+    # a batch's step between its projections and attention: against what the layers do with MLX's ops
+    # (two norms, two RoPEs, two scatters into the pools)
+    table = K.rope_table(_inv(D), 40960)
+    q, k, v = rnd((B, 1, Hq * D)), rnd((B, 1, Hkv * D)), rnd((B, 1, Hkv * D))
+    qw, kw = (rnd((D,)) + 1, rnd((D,)) + 1) if norms else (None, None)
+    pos = mx.array(np.random.default_rng(B).integers(0, 4000, B).astype(np.int32))
+    slots = mx.array(np.random.default_rng(B + 1).permutation(4 * B)[:B].astype(np.int32))
+    kp, vp = rnd((4 * B, Hkv, D)), rnd((4 * B, Hkv, D))
+    want = ref.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    mx.eval(want)
+    got = gpu.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    err = max(relerr(a, b) for a, b in zip(got, want))
+    t = bench(lambda: gpu.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)[0])
+
+    def layers():
+        qh, kh = q.reshape(B, 1, Hq, D), k.reshape(B, 1, Hkv, D)
+        if norms:
+            qh, kh = mx.fast.rms_norm(qh, qw, 1e-6), mx.fast.rms_norm(kh, kw, 1e-6)
+        qh, kh = qh.transpose(0, 2, 1, 3), kh.transpose(0, 2, 1, 3)
+        qh = cpu_impl.rope(qh, table, pos)
+        kh = cpu_impl.rope(kh, table, pos)
+        kp2, vp2 = mx.array(kp), mx.array(vp)
+        kp2[slots] = kh[:, :, 0, :]
+        vp2[slots] = v.reshape(B, Hkv, D)
+        return qh, kp2, vp2
+
+    tm = bench(layers)
+    record("qk_rope_store", f"B{B} Hq{Hq} Hkv{Hkv} D{D}" + ("" if norms else " no-norm"), err, 1e-2, t, tm,
+           2 * (q.nbytes + k.nbytes + v.nbytes), "norm+rope+scatter")
+
+
+@case
 def c_mrope(B, H, L, D, sec, inter):
     tab = K.rope_table(_inv(D), 40960)
     x = rnd((B, H, L, D))
@@ -480,6 +513,9 @@ def main(argv=None):
                 c_paged_attn(lengths, 8, 2, 128, bs)
         c_paged_attn([5, 3000, 17], 2, 7, 64, 32, nsplit=1)
         c_paged_attn([5, 3000, 17], 2, 7, 64, 32, nsplit=6)
+        for B in (8, 32, 64):
+            c_qk_store(B, 16, 8, 128)
+        c_qk_store(32, 14, 2, 64, norms=False)
     if want("gemv"):
         shapes = [(896, 896), (896, 4864), (4864, 896), (1024, 3072), (2560, 9728), (9728, 2560), (1024, 151936)]
         if q:

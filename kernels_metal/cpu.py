@@ -71,6 +71,10 @@ def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scal
     return mx.fast.scaled_dot_product_attention(q, kk, vv, scale=scale, mask=mask)
 
 
+def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool):
+    return ref.qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool)
+
+
 def linear(x, weight, bias=None):
     if bias is None:
         return x @ weight.T

@@ -57,7 +57,7 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # (always wins); M-RoPE has no built-in.
 # benchmarks/results/kernels_h200_2026-11-21/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
-ALWAYS_CUSTOM = frozenset({"sample", "mrope", "paged_decode_attention", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
+ALWAYS_CUSTOM = frozenset({"sample", "mrope", "paged_decode_attention", "qk_rope_store", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
                            "gated_delta", "gated_delta_conv_step", "kv_store"})
 # (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
 # delta rule has no built-in: its decode step is the kernel, a prompt the chunked form, whose scan over
@@ -352,6 +352,44 @@ def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scal
         _STATUS[key] = False
         _say(f"paged_decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
         return fb()
+
+
+def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool):
+    """The qk_rope_store kernel: one launch for every row's query and key heads (normed, turned) and its k, v
+    written into the pools in place; the pools come back through mx.depends on the write, so that every
+    later reader is ordered after it."""
+    Hkv, D = k_pool.shape[1], k_pool.shape[2]
+    B = positions.shape[0]
+    Hq = q.size // (B * D)
+
+    def fb():
+        return ref.qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool)
+
+    dt = k_pool.dtype
+    if (dt not in _GPU_DTYPES or q.dtype != dt or k.dtype != dt or v.dtype != dt or v_pool.dtype != dt
+            or D % 64 or D != table.dims or positions.dtype != mx.int32 or slots.dtype != mx.int32):
+        return fb()
+    qkn = q_weight is not None
+    qw = q_weight if qkn else mx.zeros((D,), dt)
+    kw = k_weight if qkn else qw
+    warps = B * (Hq + 2 * Hkv)
+    inputs = [q, k, v, qw, kw, table.cos, table.sin, positions, slots, k_pool, v_pool, _i32(B, Hq, Hkv), _f32(eps)]
+    key = ("qk_rope_store", (dt, D, qkn))
+    if _STATUS.get(key) is False:
+        return fb()
+    try:
+        qo, sync = kernel("qk_rope_store")(
+            inputs=inputs, template=[("T", dt), ("HALF", D // 2), ("QKN", qkn)], grid=(-(-warps // 4) * 128, 1, 1),
+            threadgroup=(128, 1, 1), output_shapes=[(B, Hq, 1, D), (1,)], output_dtypes=[dt, mx.uint32])
+        if key not in _STATUS:
+            mx.eval(qo, sync)
+            _STATUS[key] = True
+    except Exception as e:  # noqa: BLE001
+        _STATUS[key] = False
+        _say(f"qk_rope_store unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
+        return fb()
+    kp, vp = mx.depends([k_pool, v_pool], [sync])
+    return qo, kp, vp
 
 
 def _rows(x):

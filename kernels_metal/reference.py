@@ -27,6 +27,7 @@ __all__ = [
     "decode_attention",
     "paged_slots",
     "paged_decode_attention",
+    "qk_rope_store",
     "linear",
     "quantized_linear",
     "sample",
@@ -237,6 +238,34 @@ def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size:
     p = p / mx.sum(p, axis=-1, keepdims=True)
     o = p @ vv  # (B, Hkv, G, D)
     return o.reshape(B, Hq, 1, D).astype(q.dtype)
+
+
+def qk_rope_store(q, k, v, q_weight, k_weight, eps: float, table, positions, slots, k_pool, v_pool):
+    """A batch's decode step between its projections and paged attention: q (B, Hq * D), k, v (B, Hkv * D)
+    (any leading shape of B rows); each head of q and k RMS-normed by q_weight / k_weight (D,) where given
+    (rounded to the input dtype, as a norm's output), then turned by RoPE at its row's position
+    positions[b] (rotate_half, from `table`). Returns (q (B, Hq, 1, D), k_pool, v_pool) with row b's key and
+    value heads written at slot slots[b] of the pools (slots, Hkv, D): new arrays, the inputs left alone."""
+    Hkv, D = k_pool.shape[1], k_pool.shape[2]
+    B = positions.shape[0]
+    half = D // 2
+    qh = q.reshape(B, -1, D)
+    kh = k.reshape(B, Hkv, D)
+    vh = v.reshape(B, Hkv, D)
+    if q_weight is not None:
+        qh, kh = rms_norm(qh, q_weight, eps), rms_norm(kh, k_weight, eps)
+    c = table.cos[positions][:, None, :]  # (B, 1, half)
+    s = table.sin[positions][:, None, :]
+
+    def turn(x):
+        xf = x.astype(mx.float32)
+        x1, x2 = xf[..., :half], xf[..., half:]
+        return mx.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+    kp, vp = mx.array(k_pool), mx.array(v_pool)
+    kp[slots] = turn(kh).astype(kp.dtype)
+    vp[slots] = vh.astype(vp.dtype)
+    return turn(qh)[:, :, None, :], kp, vp
 
 
 # ----------------------------------------------------------------------------------------------

@@ -114,6 +114,7 @@ QWEN35_DENSE_TMPL = [bf16, 256, True, False, 3584, 1024, 8, 2, 3584, 1, 1, 8, 0,
 QWEN3_NEXT_TMPL = [bf16, 256, True, False, 5120, 2048, 16, 2, 5120, 512, 10, 512, 512, 64, 16, 32, 128, 128, 4, 1]
 
 PAGED_ATTN_INPUTS = ("q", "k", "v", "table", "lengths", "params", "scale")
+QK_STORE_INPUTS = ("q", "k", "v", "qw", "kw", "cos_t", "sin_t", "pos", "slots", "kp", "vp", "params", "fparams")
 
 SPECS = {
     s.name: s
@@ -140,6 +141,10 @@ SPECS = {
         _spec("paged_decode_attention_split", "decode_attention", PAGED_ATTN_INPUTS, ["po", "pml"],
               ["T", "D", "G", "NW", "BS"], [("MG_SPLIT", 1), ("MG_PAGED", 1)],
               dtypes=[bf16, bf16, bf16, i32, i32, i32, f32], out=[f32, f32], tmpl=[bf16, 64, 7, 4, 16]),
+        # a batch's decode step: q/k norms, RoPE at each row's position, k/v into the paged pools (in place)
+        _spec("qk_rope_store", "qk_rope_store", QK_STORE_INPUTS, ["qo", "sync"], ["T", "HALF", "QKN"],
+              dtypes=[bf16, bf16, bf16, bf16, bf16, f32, f32, i32, i32, bf16, bf16, i32, f32], out=[bf16, u32],
+              tmpl=[bf16, 64, True]),
         _spec("kv_store", "kv_store", ["kc", "vc", "k", "v", "params", "dep"], ["sync", "ko", "vo"], ["T"],
               dtypes=[bf16, bf16, bf16, bf16, i32, u32], out=[u32, bf16, bf16], tmpl=[bf16]),
         _spec("attention_combine", "attention_combine", ["po", "pml", "params"], ["out"], ["T", "D", "G"],
@@ -288,7 +293,7 @@ CUDA_ONLY_SPECS = {
 
 # the algorithms, for the "every kernel has both variants" check
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
-           "paged_decode_attention", "paged_decode_attention_split", "kv_store",
+           "paged_decode_attention", "paged_decode_attention_split", "qk_rope_store", "kv_store",
            "attention_combine", "gemv", "gemv_bias", "gemv_q4", "gemv_q4_bias", "gemv_q8", "gemv_q8_bias",
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",

@@ -24,6 +24,7 @@ import kernels_metal as K
 
 from .models.decoder import DecoderLayer
 from .models.layers import MLP
+from .models.rope import RoPE
 from .paged_cache import PagedBatchCache
 
 
@@ -43,24 +44,45 @@ class BatchStep:
             if halves is None or not traced:
                 h = layer(h, None, c)
                 continue
-            before, after = halves
-            q, k, v = before(h, cache.positions)
-            h = after(h, c.attend(q, k, v, layer.self_attn.scale))
+            before, middle, after = halves
+            h = after(h, middle(c, *before(h, cache.positions)))
         return inner.norm(h)
 
 
+def _fused_rope(attn) -> bool:
+    """Whether an attention layer's norms, RoPE and cache write can be one qk_rope_store launch: a plain
+    rotary table over the whole head (not M-RoPE, not a partial rotation) of a multiple of 64 dims."""
+    rope = attn._rope
+    return isinstance(rope, RoPE) and rope.table.dims == attn.head_dim and attn.head_dim % 64 == 0
+
+
 def _halves(layer) -> Optional[Tuple]:
-    """The traced halves of a decoder layer (None for a layer of another kind: it runs as it is)."""
+    """(before, middle, after) of a decoder layer, before and after traced (None for a layer of another kind:
+    it runs as it is). Where the layer allows it (_fused_rope), `before` ends at the q/k/v projections and
+    `middle` is the paged cache's qk_rope_store + attention (two launches for the norms, RoPE, the cache
+    write and attention); otherwise `before` runs through RoPE and `middle` is the cache's own attend."""
     if type(layer) is not DecoderLayer:
         return None
     attn = layer.self_attn
+    if _fused_rope(attn):
+        norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if "q_norm" in attn else (None, None, 0.0)
 
-    def before(h, positions):
-        # h (B, 1, hidden), positions (B,) int32 -> q, k turned, v: (B, heads, 1, D)
-        return attn.project(layer.input_layernorm(h), positions)
+        def before(h, positions):
+            # h (B, 1, hidden) -> the q, k, v projections (B, 1, heads * D)
+            return attn.projections(layer.input_layernorm(h))
+
+        def middle(c, q, k, v):
+            return c.attend_projected(q, k, v, *norms, attn._rope.table, attn.scale)
+    else:
+        def before(h, positions):
+            # h (B, 1, hidden), positions (B,) int32 -> q, k turned, v: (B, heads, 1, D)
+            return attn.project(layer.input_layernorm(h), positions)
+
+        def middle(c, q, k, v):
+            return c.attend(q, k, v, attn.scale)
 
     def after(h, o):
         h = h + attn.output(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    return mx.compile(before), (mx.compile(after) if isinstance(layer.mlp, MLP) else after)
+    return mx.compile(before), middle, (mx.compile(after) if isinstance(layer.mlp, MLP) else after)

@@ -57,6 +57,18 @@ class PagedKVCache:
         return K.paged_decode_attention(q, self.keys, self.values, t.block_table, t.kv_lengths, t.max_length,
                                         t.block_size, scale)
 
+    def attend_projected(self, q: mx.array, k: mx.array, v: mx.array, q_norm, k_norm, eps: float, table,
+                         scale: float) -> mx.array:
+        """`attend` from the step's q/k/v projections (B, 1, heads * D) straight out of the layers: q and k
+        normed (q_norm, k_norm: the per-head norm weights (D,), or None), turned by RoPE (`table`) at each row's
+        position and k, v written into the pools in one launch (kernels_metal.qk_rope_store), then the
+        rows' attention. -> (B, heads, 1, D)"""
+        t = self.table
+        q, self.keys, self.values = K.qk_rope_store(q, k, v, q_norm, k_norm, eps, table, t.positions, t.slots,
+                                                    self.keys, self.values)
+        return K.paged_decode_attention(q, self.keys, self.values, t.block_table, t.kv_lengths, t.max_length,
+                                        t.block_size, scale)
+
     def _grow(self, slots: int, heads: int, head_dim: int, dtype) -> None:
         """Room for `slots` slots in all, the pool's contents kept."""
         if self.keys is None:

@@ -66,6 +66,13 @@ BATCH_CONFIGS = {
                       vocab_size=512, tie_word_embeddings=True, max_position_embeddings=256,
                       decoder_sparse_step=1, rms_norm_eps=1e-6, rope_theta=1e6),
 }
+# the same with heads of 64 dims, which a batch's traced step turns and stores in one kernel launch
+# (kernels_metal.qk_rope_store: a multiple of 64)
+BATCH_CONFIGS_HD64 = {
+    "qwen2": dict(BATCH_CONFIGS["qwen2"], hidden_size=256),
+    "qwen3": dict(BATCH_CONFIGS["qwen3"], head_dim=64),
+    "qwen3_moe": dict(BATCH_CONFIGS["qwen3_moe"], head_dim=64),
+}
 
 
 def tiny_model(config: dict, seed: int = 0):

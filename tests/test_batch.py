@@ -19,7 +19,7 @@ from metalgen.generate import generate_step
 from metalgen.sampling import make_logits_processors, make_sampler
 from profiling import Tracer
 
-from checkpoints import BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, tiny_model
 
 
 def alone(model, prompt, n, sampler=None, processors=()):
@@ -68,12 +68,13 @@ def test_batched_tokens_equal_each_sequence_alone(kind):
     assert len(set(tokens[uids[0]])) > 3  # the sampled row really samples
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS) + ["qwen3-hd64"])
 def test_a_batch_of_traced_steps_gives_each_sequence_its_tokens_alone(kind):
     """8 rows (past kernels_metal.GEMV_MAX_ROWS: the step runs traced layer halves, metalgen.batch_step),
     their budgets staggered so that the batch shrinks through the threshold to the untraced step; one row
-    sampled with a seed, one with a repetition penalty: each row's tokens are those it gets alone."""
-    model = tiny_model(BATCH_CONFIGS[kind])
+    sampled with a seed, one with a repetition penalty: each row's tokens are those it gets alone. (Heads of
+    64 dims: the norms, RoPE and cache write of the step in one kernels_metal.qk_rope_store launch.)"""
+    model = tiny_model(BATCH_CONFIGS_HD64["qwen3"] if kind == "qwen3-hd64" else BATCH_CONFIGS[kind])
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(3, 30, 8)]
     budgets = [12, 3, 5, 7, 9, 4, 11, 6]

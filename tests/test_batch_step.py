@@ -1,6 +1,7 @@
-"""metalgen.batch_step: the batch's decode step with traced layer halves gives the hidden states of the
-model's own layers over the same paged cache, at batch sizes above and below the traced threshold, while
-rows join and leave (tiny float32 models on the CPU)."""
+"""metalgen.batch_step: the batch's decode step with traced layer halves (and, for heads of 64 dims, the norms,
+RoPE and cache write in one kernels_metal.qk_rope_store launch) gives the hidden states of the model's own
+layers over the same paged cache, at batch sizes above and below the traced threshold, while rows leave
+(tiny float32 models on the CPU)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import pytest
 
 import kernels_metal as K
 from metalgen.batch_cache import BatchKVCache
-from metalgen.batch_step import BatchStep
+from metalgen.batch_step import BatchStep, _fused_rope
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, tiny_model
+
+# heads of 16 or 32 dims: RoPE and the cache write as the layers do them; of 64: one qk_rope_store launch
+CONFIGS = {**{k: (c, False) for k, c in BATCH_CONFIGS.items()}, **{k + "-hd64": (c, True) for k, c in BATCH_CONFIGS_HD64.items()}}
 
 
 def prefilled(model, prompts):
@@ -26,9 +30,11 @@ def prefilled(model, prompts):
     return cache
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_traced_step_equals_the_layers_as_they_are(kind):
-    model = tiny_model(BATCH_CONFIGS[kind])
+    config, fused = CONFIGS[kind]
+    model = tiny_model(config)
+    assert all(_fused_rope(layer.self_attn) == fused for layer in model.model.layers)
     rng = np.random.default_rng(7)
     B = K.GEMV_MAX_ROWS + 3  # traced
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(2, 20, B)]

@@ -197,6 +197,31 @@ def test_paged_decode_attention(G, bs, dtype):
         K.paged_decode_attention(q, k, v, table, n, 130, 24, 0.125)
 
 
+@pytest.mark.parametrize("norms", [True, False])
+@pytest.mark.parametrize("dtype,D", [(mx.bfloat16, 128), (mx.float32, 64)])
+def test_qk_rope_store(norms, dtype, D):
+    # the public entry (on a GPU: the kernel, in place) against the reference; the pools it returns hold the
+    # rows' keys and values at their slots, and whatever the pools held elsewhere
+    B, Hq, Hkv = 5, 8, 2
+    table = K.rope_table(1.0 / 1e6 ** (np.arange(0, D, 2) / D), 4096)
+    q, k, v = rnd((B, 1, Hq * D), dtype), rnd((B, 1, Hkv * D), dtype), rnd((B, 1, Hkv * D), dtype)
+    qw = rnd((D,), dtype, 0.1) + 1 if norms else None
+    kw = rnd((D,), dtype, 0.1) + 1 if norms else None
+    pos = mx.array([0, 17, 4095, 300, 2], mx.int32)
+    slots = mx.array([3, 12, 0, 7, 9], mx.int32)
+    kp, vp = rnd((16, Hkv, D), dtype), rnd((16, Hkv, D), dtype)
+    before_k, before_v = np.array(kp.astype(mx.float32)), np.array(vp.astype(mx.float32))
+    wq, wk, wv = ref.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    mx.eval(wq, wk, wv)  # before the kernel writes the pools in place
+    qo, kp2, vp2 = K.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    tol = 1e-5 if dtype == mx.float32 else 1e-2
+    assert qo.shape == (B, Hq, 1, D) and rel(qo, wq) < tol
+    assert rel(kp2, wk) < tol and rel(vp2, wv) == 0
+    others = [i for i in range(16) if i not in (3, 12, 0, 7, 9)]
+    assert np.array_equal(np.array(kp2.astype(mx.float32))[others], before_k[others])
+    assert np.array_equal(np.array(vp2.astype(mx.float32))[others], before_v[others])
+
+
 def test_attention_split_rule():
     assert gpu.attention_splits(16, 100) == 1
     assert gpu.attention_splits(2, 32768) == math.ceil(gpu.ATTN_TARGET_GROUPS / 2)

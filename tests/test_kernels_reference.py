@@ -159,6 +159,40 @@ def test_paged_decode_attention(G):
         assert rel(f64(o)[b, :, 0], np.einsum("hk,hkd->hd", p, vb)) < 1e-5, b
 
 
+@pytest.mark.parametrize("norms", [True, False])
+def test_qk_rope_store(norms):
+    # against float64: each head normed (where weights are given), turned at its row's position; the pools
+    # written at each row's slot and nowhere else, the inputs left as they were
+    B, Hq, Hkv, D, eps = 3, 4, 2, 64, 1e-6
+    inv = 1.0 / 1e4 ** (np.arange(0, D, 2) / D)
+    table = ref.rope_table(inv, 64, attention_scale=1.5)
+    q = mx.array(RNG.standard_normal((B, 1, Hq * D))).astype(mx.float32)
+    k = mx.array(RNG.standard_normal((B, 1, Hkv * D))).astype(mx.float32)
+    v = mx.array(RNG.standard_normal((B, 1, Hkv * D))).astype(mx.float32)
+    qw = mx.array(1 + 0.1 * RNG.standard_normal(D)).astype(mx.float32) if norms else None
+    kw = mx.array(1 + 0.1 * RNG.standard_normal(D)).astype(mx.float32) if norms else None
+    pos, slots = mx.array([5, 0, 63], mx.int32), mx.array([7, 2, 4], mx.int32)
+    kp, vp = mx.zeros((9, Hkv, D)), mx.zeros((9, Hkv, D))
+    qo, kp2, vp2 = ref.qk_rope_store(q, k, v, qw, kw, eps, table, pos, slots, kp, vp)
+    assert not np.array(kp).any() and not np.array(vp).any()
+
+    def want(x, w, H):
+        x = f64(x).reshape(B, H, D)
+        if w is not None:
+            x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * f64(w)
+        ang = np.array([5, 0, 63])[:, None, None] * inv[None, None, :]  # (B, 1, D/2)
+        c, s = np.cos(ang) * 1.5, np.sin(ang) * 1.5
+        x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+    assert qo.shape == (B, Hq, 1, D)
+    assert rel(f64(qo)[:, :, 0], want(q, qw, Hq)) < 1e-5
+    assert rel(f64(kp2)[[7, 2, 4]], want(k, kw, Hkv)) < 1e-5
+    assert np.array_equal(np.array(vp2)[[7, 2, 4]], np.array(v).reshape(B, Hkv, D))
+    untouched = [i for i in range(9) if i not in (7, 2, 4)]
+    assert not np.array(kp2)[untouched].any() and not np.array(vp2)[untouched].any()
+
+
 @pytest.mark.parametrize("bits,gs", [(4, 32), (4, 64), (8, 64), (8, 128)])
 def test_linear_and_quantized(bits, gs):
     x = mx.array(RNG.standard_normal((3, 256))).astype(mx.float32)

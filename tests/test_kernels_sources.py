@@ -55,6 +55,16 @@ def test_bodies_use_only_the_shared_vocabulary():
             assert not re.search(pat, text), f"{pat} in {f} / common.h"
 
 
+def test_template_arguments_are_not_preprocessor_conditions():
+    # a template argument is a C++ constant, not a macro: `#if QKN` would always see 0 and drop its branch
+    # with no error on either backend (the GPU check caught one)
+    for name in S.KERNELS:
+        spec = S.SPECS[name]
+        body = S._read(f"bodies/{spec.body}.body")
+        for t in spec.templates:
+            assert not re.search(rf"^\s*#\s*(el)?if\b.*\b{t}\b", body, re.M), f"#if on template {t} in {spec.body}"
+
+
 def test_metal_signature_matches_mlx():
     spec = S.SPECS["add_rms_norm"]
     prog = S.metal_program(spec, SMALL)

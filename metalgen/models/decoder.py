@@ -113,14 +113,19 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)
         self._rope = rope
 
+    def projections(self, x: mx.array):
+        """x (B, L, hidden) -> the q, k, v projections (B, L, heads * D), as they come out of the layers."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def project(self, x: mx.array, offset, position_ids=None):
         """x (B, L, hidden) -> q, k turned at positions offset .. (an int, or an int32 array: a scalar or
         one start a row), v: each (B, heads, L, D)."""
         B, L, _ = x.shape
+        q, k, v = self.projections(x)
         # (B, L, heads * D) -> (B, L, heads, D); per-head norms act on D before RoPE
-        q = self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+        q = q.reshape(B, L, self.n_heads, self.head_dim)
+        k = k.reshape(B, L, self.n_kv_heads, self.head_dim)
+        v = v.reshape(B, L, self.n_kv_heads, self.head_dim)
         if "q_norm" in self:
             q = self.q_norm(q)
             k = self.k_norm(k)
