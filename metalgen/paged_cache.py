@@ -107,6 +107,9 @@ class PagedBatchCache:
         self.capacity = 0  # blocks in each pool
         self._shape = None  # (kv_heads, head_dim, dtype) of the pools, from the first rows joined
         self._free: List[int] = []  # blocks no row holds (a stack: the last freed is reused first)
+        # the rows' block tables on the host (B, width >= their blocks), kept between steps so that a step
+        # adds only the blocks it takes (a 32k-token row holds 1024); None: re-laid at the next step
+        self._table: Optional[np.ndarray] = None
         # the step's device arrays (begin_step)
         self.positions = self.kv_lengths = self.slots = self.block_table = None
         self.max_length = 0
@@ -158,6 +161,7 @@ class PagedBatchCache:
             layer.values[dst_idx] = mx.swapaxes(c.values, 1, 2).reshape(G * S, H, D)[src_idx]
         self.blocks += new_blocks
         self.lengths += lengths
+        self._table = None  # re-laid at the next step
 
     def keep(self, keep: Sequence[int]) -> None:
         """Keep only the rows `keep` (indices, in the order given); the others' blocks are free at once."""
@@ -168,24 +172,29 @@ class PagedBatchCache:
                 self._free.extend(reversed(blocks))
         self.blocks = [self.blocks[i] for i in keep]
         self.lengths = [self.lengths[i] for i in keep]
+        self._table = None
 
     def begin_step(self) -> None:
         """Make the device arrays of the decode step about to be enqueued, which writes each row's next
         position: a row whose next position starts a block gets one first. Advances the lengths."""
         bs = self.block_size
+        if self._table is None or self._table.shape[0] != len(self.blocks):
+            self._table = _table_of(self.blocks)
         for b, n in enumerate(self.lengths):
             if n == len(self.blocks[b]) * bs:
                 self.blocks[b] += self._take(1)
+                j = len(self.blocks[b]) - 1
+                if j >= self._table.shape[1]:  # wider by doubling: a long context is not re-laid every block
+                    self._table = np.pad(self._table, ((0, 0), (0, self._table.shape[1])))
+                self._table[b, j] = self.blocks[b][j]
         lengths = np.asarray(self.lengths, np.int32)
         width = max(len(blocks) for blocks in self.blocks)
-        table = np.zeros((len(self.blocks), width), np.int32)  # past a row's blocks: never read
-        for b, blocks in enumerate(self.blocks):
-            table[b, : len(blocks)] = blocks
+        table = self._table[:, :width]  # past a row's blocks: never read
         slots = table[np.arange(len(lengths)), lengths // bs] * bs + lengths % bs
         self.positions = mx.array(lengths)
         self.kv_lengths = mx.array(lengths + 1)
         self.slots = mx.array(slots.astype(np.int32))
-        self.block_table = mx.array(table)
+        self.block_table = mx.array(np.ascontiguousarray(table))
         self.max_length = int(lengths.max()) + 1
         self.lengths = [n + 1 for n in self.lengths]
 
@@ -214,3 +223,12 @@ class PagedBatchCache:
     def nbytes(self) -> int:
         """The pools' bytes (held blocks and free ones)."""
         return sum(layer.nbytes for layer in self.layers)
+
+
+def _table_of(blocks: List[List[int]]) -> np.ndarray:
+    """The rows' blocks as an int32 table (B, width), width the most blocks a row holds (at least 1), zeros past
+    a row's own."""
+    table = np.zeros((len(blocks), max(1, max(len(b) for b in blocks))), np.int32)
+    for b, row in enumerate(blocks):
+        table[b, : len(row)] = row
+    return table

@@ -161,3 +161,23 @@ def test_paged_decode_logits_equal_each_sequence_alone(kind):
             fed[r] += 1
             compared += 1
     assert compared == 14 and cache.lengths == [7 + 6, 3 + 4]
+
+
+def test_the_step_table_follows_rows_over_many_blocks_and_joins():
+    # the host table is kept between steps and widened as rows take blocks: every step's table and slots are
+    # those of the rows' block lists, also after a row joins and another leaves
+    cache = PagedBatchCache(num_layers=1, block_size=16)
+    cache.join(group_of([16]), [0])
+    for step in range(70):
+        if step == 30:
+            cache.join(group_of([40]), [0])
+        if step == 50:
+            cache.keep([1])
+        cache.begin_step()
+        table, slots = np.array(cache.block_table), cache.slots.tolist()
+        assert table.shape == (cache.size, max(len(b) for b in cache.blocks))
+        for b, blocks in enumerate(cache.blocks):
+            assert table[b, : len(blocks)].tolist() == blocks
+            n = cache.lengths[b] - 1  # the position this step writes
+            assert slots[b] == blocks[n // 16] * 16 + n % 16
+    assert cache.lengths == [40 + 40] and len(cache.blocks[0]) == 5
