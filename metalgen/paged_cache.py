@@ -210,8 +210,13 @@ class PagedBatchCache:
             pos = np.arange(begin, end, dtype=np.int32)
             idx = mx.array(blocks[pos // bs] * bs + pos % bs)
             # each layer's (n, Hkv, D) -> (Hkv, n, D), stacked: (layers, Hkv, n, D)
-            return (mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.layers]),
-                    mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.layers]))
+            keys = mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.layers])
+            values = mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.layers])
+            # the row's blocks are free once it leaves, and the next step may write into them in place
+            # (qk_rope_store), with no data edge from this copy: the pools from now on come after it
+            for c in self.layers:
+                c.keys, c.values = mx.depends([c.keys, c.values], [keys, values])
+            return keys, values
 
         return slicer
 
