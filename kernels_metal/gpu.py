@@ -262,6 +262,23 @@ def kv_store(kc, vc, k, v, layer, start, dep=None):
     return kc, vc, sync, ko, vo
 
 
+def _attention_fits(q, k, v, length) -> bool:
+    """Whether the decode attention body takes these: one query a row, head dim a multiple of 32 up to 256,
+    at most 16 query heads a KV head (k, v: the KV heads on axis 1), one GPU dtype, something to attend."""
+    Hq, D, Hkv = q.shape[1], q.shape[3], k.shape[1]
+    return (q.dtype in _GPU_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype and D % 32 == 0 and D <= 256
+            and Hq % Hkv == 0 and Hq // Hkv <= 16 and length >= 1 and q.shape[2] == 1)
+
+
+def _chunks(n_groups: int, length: int, nsplit=None):
+    """(splits, positions a split) for `length` positions: attention_splits unless given, then as many as the
+    chunks need."""
+    if nsplit is None:
+        nsplit = attention_splits(n_groups, length)
+    chunk = -(-length // nsplit)
+    return -(-length // chunk), chunk
+
+
 def decode_attention(q, k, v, length, scale, nsplit=None):
     B, Hq, _, D = q.shape
     Hkv, S_cap = k.shape[1], k.shape[2]
@@ -270,14 +287,10 @@ def decode_attention(q, k, v, length, scale, nsplit=None):
     def fb():
         return ref.decode_attention(q, k, v, length, scale)
 
-    if (q.dtype not in _GPU_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or D % 32 or D > 256
-            or Hq % Hkv or G > 16 or length < 1 or q.shape[2] != 1):
+    if not _attention_fits(q, k, v, length):
         return fb()
     n = B * Hkv
-    if nsplit is None:
-        nsplit = attention_splits(n, length)
-    chunk = -(-length // nsplit)
-    nsplit = -(-length // chunk)
+    nsplit, chunk = _chunks(n, length, nsplit)
     tg = 32 * ATTN_WARPS
     tmpl = [("T", q.dtype), ("D", D), ("G", G), ("NW", ATTN_WARPS)]
     params = _i32(length, S_cap, chunk, nsplit)
@@ -286,12 +299,21 @@ def decode_attention(q, k, v, length, scale, nsplit=None):
         return _run("decode_attention", (q.dtype, D, G), fb, inputs=[q, k, v, params, sc], template=tmpl,
                     grid=(n * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[q.shape],
                     output_dtypes=[q.dtype])[0]
-    key = ("decode_attention_split", (q.dtype, D, G))
+    return _split_attention("decode_attention_split", (q.dtype, D, G), fb, q, [q, k, v, params, sc], tmpl, n, nsplit)
+
+
+def _split_attention(name, tkey, fb, q, inputs, tmpl, n, nsplit):
+    """A decode attention variant split over the context (`name`, nsplit chunks for each of the n (row, KV
+    head) groups), then attention_combine; on its first use evaluated eagerly, falling back to `fb()` for good
+    if that fails (as _run)."""
+    B, Hq, _, D = q.shape
+    G = Hq // (n // B)
+    key = (name, tkey)
     if _STATUS.get(key) is False:
         return fb()
     try:
-        po, pml = kernel("decode_attention_split")(
-            inputs=[q, k, v, params, sc], template=tmpl, grid=(n * tg, nsplit, 1), threadgroup=(tg, 1, 1),
+        po, pml = kernel(name)(
+            inputs=inputs, template=tmpl, grid=(n * 32 * ATTN_WARPS, nsplit, 1), threadgroup=(32 * ATTN_WARPS, 1, 1),
             output_shapes=[(n, nsplit, G, D), (n, nsplit, G, 2)], output_dtypes=[mx.float32, mx.float32])
         out = kernel("attention_combine")(
             inputs=[po, pml, _i32(nsplit)], template=[("T", q.dtype), ("D", D), ("G", G)],
@@ -303,7 +325,7 @@ def decode_attention(q, k, v, length, scale, nsplit=None):
         return out
     except Exception as e:  # noqa: BLE001
         _STATUS[key] = False
-        _say(f"decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
+        _say(f"{name} unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
         return fb()
 
 
@@ -316,15 +338,10 @@ def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scal
     def fb():
         return ref.paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale)
 
-    if (q.dtype not in _GPU_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or D % 32 or D > 256
-            or Hq % Hkv or G > 16 or max_length < 1 or q.shape[2] != 1 or table.dtype != mx.int32
-            or lengths.dtype != mx.int32):
+    if not _attention_fits(q, k, v, max_length) or table.dtype != mx.int32 or lengths.dtype != mx.int32:
         return fb()
     n = B * Hkv
-    if nsplit is None:
-        nsplit = attention_splits(n, max_length)
-    chunk = -(-max_length // nsplit)
-    nsplit = -(-max_length // chunk)
+    nsplit, chunk = _chunks(n, max_length, nsplit)
     tg = 32 * ATTN_WARPS
     tmpl = [("T", q.dtype), ("D", D), ("G", G), ("NW", ATTN_WARPS), ("BS", block_size)]
     params = _i32(0, 0, chunk, nsplit, table.shape[1], Hkv)
@@ -333,25 +350,8 @@ def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scal
         return _run("paged_decode_attention", (q.dtype, D, G, block_size), fb, inputs=inputs, template=tmpl,
                     grid=(n * tg, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[q.shape],
                     output_dtypes=[q.dtype])[0]
-    key = ("paged_decode_attention_split", (q.dtype, D, G, block_size))
-    if _STATUS.get(key) is False:
-        return fb()
-    try:
-        po, pml = kernel("paged_decode_attention_split")(
-            inputs=inputs, template=tmpl, grid=(n * tg, nsplit, 1), threadgroup=(tg, 1, 1),
-            output_shapes=[(n, nsplit, G, D), (n, nsplit, G, 2)], output_dtypes=[mx.float32, mx.float32])
-        out = kernel("attention_combine")(
-            inputs=[po, pml, _i32(nsplit)], template=[("T", q.dtype), ("D", D), ("G", G)],
-            grid=(B * Hq * _tg(D), 1, 1), threadgroup=(_tg(D), 1, 1), output_shapes=[q.shape],
-            output_dtypes=[q.dtype])[0]
-        if key not in _STATUS:
-            mx.eval(out)
-            _STATUS[key] = True
-        return out
-    except Exception as e:  # noqa: BLE001
-        _STATUS[key] = False
-        _say(f"paged_decode_attention_split unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
-        return fb()
+    return _split_attention("paged_decode_attention_split", (q.dtype, D, G, block_size), fb, q, inputs, tmpl, n,
+                            nsplit)
 
 
 def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool):

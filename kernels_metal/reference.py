@@ -185,22 +185,30 @@ def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
 def decode_attention(q, k, v, length: int, scale: float) -> mx.array:
     """q: (B, Hq, 1, D); k, v: (B, Hkv, S_cap, D), first `length` positions valid.
     Query head h reads KV head h // (Hq // Hkv) (the repeat_kv convention), without repeating K/V."""
-    B, Hq, one, D = q.shape
+    _check_decode_heads("decode_attention", q, k.shape[1])
+    return _grouped_attention(q, k[:, :, :length], v[:, :, :length], scale)
+
+
+def _check_decode_heads(name: str, q, Hkv: int) -> None:
+    if q.shape[2] != 1:
+        raise ValueError(f"{name} takes one query token per sequence")
+    if q.shape[1] % Hkv:
+        raise ValueError(f"{name}: Hq={q.shape[1]} is not a multiple of Hkv={Hkv}")
+
+
+def _grouped_attention(q, k, v, scale: float, valid=None) -> mx.array:
+    """One query token a row over keys and values (B, Hkv, S, D) in float32, query head h on KV head
+    h // (Hq // Hkv); valid (B, S) bool hides positions. -> (B, Hq, 1, D) in q.dtype"""
+    B, Hq, _, D = q.shape
     Hkv = k.shape[1]
-    if one != 1:
-        raise ValueError("decode_attention takes one query token per sequence")
-    if Hq % Hkv:
-        raise ValueError(f"decode_attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
-    G = Hq // Hkv
-    qg = q.reshape(B, Hkv, G, D).astype(mx.float32)
-    kk = k[:, :, :length].astype(mx.float32)
-    vv = v[:, :, :length].astype(mx.float32)
-    s = (qg @ mx.swapaxes(kk, -1, -2)) * scale  # (B, Hkv, G, L)
+    qg = q.reshape(B, Hkv, Hq // Hkv, D).astype(mx.float32)
+    s = (qg @ mx.swapaxes(k.astype(mx.float32), -1, -2)) * scale  # (B, Hkv, G, S)
+    if valid is not None:
+        s = mx.where(valid[:, None, None, :], s, -mx.inf)
     s = s - mx.max(s, axis=-1, keepdims=True)
     p = mx.exp(s)
     p = p / mx.sum(p, axis=-1, keepdims=True)
-    o = p @ vv  # (B, Hkv, G, D)
-    return o.reshape(B, Hq, 1, D).astype(q.dtype)
+    return (p @ v.astype(mx.float32)).reshape(B, Hq, 1, D).astype(q.dtype)  # (B, Hkv, G, D) -> (B, Hq, 1, D)
 
 
 def paged_slots(table, positions, block_size: int) -> mx.array:
@@ -215,29 +223,16 @@ def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size:
     slots; row b's position p is slot table[b, p // block_size] * block_size + p % block_size, and its
     first lengths[b] positions are valid (max_length >= every length; table (B, MB) int32 covers them).
     Query head h reads KV head h // (Hq // Hkv), as decode_attention."""
-    B, Hq, one, D = q.shape
-    Hkv = k.shape[1]
-    if one != 1:
-        raise ValueError("paged_decode_attention takes one query token per sequence")
-    if Hq % Hkv:
-        raise ValueError(f"paged_decode_attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
-    G = Hq // Hkv
+    _check_decode_heads("paged_decode_attention", q, k.shape[1])
+    B = q.shape[0]
     pos = mx.broadcast_to(mx.arange(max_length, dtype=mx.int32)[None], (B, max_length))
     # positions past a row's blocks would index past its table: any slot does, the mask drops them
     pos = mx.minimum(pos, (table.shape[1] * block_size - 1))
     slots = paged_slots(table, pos, block_size)  # (B, S)
     # (B, S, Hkv, D) -> (B, Hkv, S, D)
-    kk = mx.swapaxes(k[slots], 1, 2).astype(mx.float32)
-    vv = mx.swapaxes(v[slots], 1, 2).astype(mx.float32)
-    qg = q.reshape(B, Hkv, G, D).astype(mx.float32)
-    s = (qg @ mx.swapaxes(kk, -1, -2)) * scale  # (B, Hkv, G, S)
+    kk, vv = mx.swapaxes(k[slots], 1, 2), mx.swapaxes(v[slots], 1, 2)
     valid = mx.arange(max_length)[None, :] < lengths[:, None]  # (B, S)
-    s = mx.where(valid[:, None, None, :], s, -mx.inf)
-    s = s - mx.max(s, axis=-1, keepdims=True)
-    p = mx.exp(s)
-    p = p / mx.sum(p, axis=-1, keepdims=True)
-    o = p @ vv  # (B, Hkv, G, D)
-    return o.reshape(B, Hq, 1, D).astype(q.dtype)
+    return _grouped_attention(q, kk, vv, scale, valid)
 
 
 def qk_rope_store(q, k, v, q_weight, k_weight, eps: float, table, positions, slots, k_pool, v_pool):
