@@ -128,29 +128,33 @@ def kernel(name: str):
     return spec_kernel(name)
 
 
-def _run(name, tkey, fallback, **kw):
-    """Runs a variant; on its first use per template key evaluates it eagerly, and falls back to
-    `fallback()` (the reference) for good if that fails."""
-    key = (name, tkey)
+def _guarded(key, fallback, launch):
+    """`launch()`, a variant's outputs, under `key` = (variant, template key): on the key's first use
+    evaluated eagerly, and if that fails `fallback()` (the reference) from then on, for good."""
     st = _STATUS.get(key)
-
-    def fb():
-        r = fallback()
-        return [r] if isinstance(r, mx.array) else r
-
     if st is False:
-        return fb()
+        return fallback()
     try:
-        outs = kernel(name)(**kw)
+        outs = launch()
         if st is None:
             mx.eval(outs)
             _STATUS[key] = True
         return outs
     except Exception as e:  # noqa: BLE001 - any build/run failure means: use the reference
         _STATUS[key] = False
-        _say(f"{name} {tkey} unavailable on {_backend()} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-             "using the reference")
-        return fb()
+        first = (str(e).splitlines() or [""])[0][:200]
+        _say(f"{key[0]} {key[1]} unavailable on {_backend()} ({type(e).__name__}: {first}); using the reference")
+        return fallback()
+
+
+def _run(name, tkey, fallback, **kw):
+    """Runs one launch of a variant under _guarded; the outputs as a list (the reference's too)."""
+
+    def fb():
+        r = fallback()
+        return [r] if isinstance(r, mx.array) else r
+
+    return _guarded((name, tkey), fb, lambda: kernel(name)(**kw))
 
 
 def status():
@@ -308,25 +312,17 @@ def _split_attention(name, tkey, fb, q, inputs, tmpl, n, nsplit):
     if that fails (as _run)."""
     B, Hq, _, D = q.shape
     G = Hq // (n // B)
-    key = (name, tkey)
-    if _STATUS.get(key) is False:
-        return fb()
-    try:
+
+    def launch():
         po, pml = kernel(name)(
             inputs=inputs, template=tmpl, grid=(n * 32 * ATTN_WARPS, nsplit, 1), threadgroup=(32 * ATTN_WARPS, 1, 1),
             output_shapes=[(n, nsplit, G, D), (n, nsplit, G, 2)], output_dtypes=[mx.float32, mx.float32])
-        out = kernel("attention_combine")(
+        return kernel("attention_combine")(
             inputs=[po, pml, _i32(nsplit)], template=[("T", q.dtype), ("D", D), ("G", G)],
             grid=(B * Hq * _tg(D), 1, 1), threadgroup=(_tg(D), 1, 1), output_shapes=[q.shape],
             output_dtypes=[q.dtype])[0]
-        if key not in _STATUS:
-            mx.eval(out)
-            _STATUS[key] = True
-        return out
-    except Exception as e:  # noqa: BLE001
-        _STATUS[key] = False
-        _say(f"{name} unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
-        return fb()
+
+    return _guarded((name, tkey), fb, launch)
 
 
 def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale, nsplit=None):
@@ -374,22 +370,15 @@ def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_p
     kw = k_weight if qkn else qw
     warps = B * (Hq + 2 * Hkv)
     inputs = [q, k, v, qw, kw, table.cos, table.sin, positions, slots, k_pool, v_pool, _i32(B, Hq, Hkv), _f32(eps)]
-    key = ("qk_rope_store", (dt, D, qkn))
-    if _STATUS.get(key) is False:
-        return fb()
-    try:
+
+    def launch():
         qo, sync = kernel("qk_rope_store")(
             inputs=inputs, template=[("T", dt), ("HALF", D // 2), ("QKN", qkn)], grid=(-(-warps // 4) * 128, 1, 1),
             threadgroup=(128, 1, 1), output_shapes=[(B, Hq, 1, D), (1,)], output_dtypes=[dt, mx.uint32])
-        if key not in _STATUS:
-            mx.eval(qo, sync)
-            _STATUS[key] = True
-    except Exception as e:  # noqa: BLE001
-        _STATUS[key] = False
-        _say(f"qk_rope_store unavailable ({type(e).__name__}: {str(e)[:200]}); using the reference")
-        return fb()
-    kp, vp = mx.depends([k_pool, v_pool], [sync])
-    return qo, kp, vp
+        kp, vp = mx.depends([k_pool, v_pool], [sync])
+        return qo, kp, vp
+
+    return _guarded(("qk_rope_store", (dt, D, qkn)), fb, launch)
 
 
 def _rows(x):
@@ -975,20 +964,8 @@ def magpie_decoder_step(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, 
         return fb()
     R = kc.shape[1]
     key = ("magpie_decoder", (weights.dtype, R, weights.d_model, weights.n_heads, weights.xa_dim, weights.ffn))
-    if _STATUS.get(key) is False:
-        return fb()
-    try:
-        h, scores = magpie_decoder_launch(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights, prior_layers,
-                                          est_layers, scratch)
-        if key not in _STATUS:
-            mx.eval(h, scores)
-            _STATUS[key] = True
-        return h, scores
-    except Exception as e:  # noqa: BLE001 - any build/run failure means: use the reference
-        _STATUS[key] = False
-        _say(f"magpie_decoder unavailable on {_backend()} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-             "using the reference")
-        return fb()
+    return _guarded(key, fb, lambda: magpie_decoder_launch(x, pos, kc, vc, mem_k, mem_v, mem_mask, prior, weights,
+                                                           prior_layers, est_layers, scratch))
 
 
 # ---------------------------------------------------------------------------------------------
