@@ -61,14 +61,9 @@ def decode_attention(q, k, v, length, scale):
 
 
 def paged_decode_attention(q, k, v, table, lengths, max_length, block_size, scale):
-    # the rows' positions gathered out of the pool into (B, Hkv, S, D), then MLX's SDPA with each row's
-    # length as its mask
-    B, S = q.shape[0], max_length
-    pos = mx.minimum(mx.broadcast_to(mx.arange(S, dtype=mx.int32)[None], (B, S)), table.shape[1] * block_size - 1)
-    slots = ref.paged_slots(table, pos, block_size)  # (B, S)
-    kk, vv = mx.swapaxes(k[slots], 1, 2), mx.swapaxes(v[slots], 1, 2)  # (B, S, Hkv, D) -> (B, Hkv, S, D)
-    mask = (mx.arange(S)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
-    return mx.fast.scaled_dot_product_attention(q, kk, vv, scale=scale, mask=mask)
+    # the rows' positions gathered out of the pool, then MLX's SDPA with each row's length as its mask
+    kk, vv, valid = ref.paged_gather(k, v, table, lengths, max_length, block_size)
+    return mx.fast.scaled_dot_product_attention(q, kk, vv, scale=scale, mask=valid[:, None, None, :])
 
 
 def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool):

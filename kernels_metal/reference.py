@@ -26,6 +26,7 @@ __all__ = [
     "mrope_axis_map",
     "decode_attention",
     "paged_slots",
+    "paged_gather",
     "paged_decode_attention",
     "qk_rope_store",
     "linear",
@@ -224,15 +225,21 @@ def paged_decode_attention(q, k, v, table, lengths, max_length: int, block_size:
     first lengths[b] positions are valid (max_length >= every length; table (B, MB) int32 covers them).
     Query head h reads KV head h // (Hq // Hkv), as decode_attention."""
     _check_decode_heads("paged_decode_attention", q, k.shape[1])
-    B = q.shape[0]
+    kk, vv, valid = paged_gather(k, v, table, lengths, max_length, block_size)
+    return _grouped_attention(q, kk, vv, scale, valid)
+
+
+def paged_gather(k, v, table, lengths, max_length: int, block_size: int):
+    """Every row's first max_length positions out of the pools k, v (slots, Hkv, D) by its block table:
+    (keys, values (B, Hkv, max_length, D), valid (B, max_length) bool: the positions below each row's length)."""
+    B = table.shape[0]
     pos = mx.broadcast_to(mx.arange(max_length, dtype=mx.int32)[None], (B, max_length))
-    # positions past a row's blocks would index past its table: any slot does, the mask drops them
+    # positions past a row's blocks would index past its table: any slot does, `valid` drops them
     pos = mx.minimum(pos, (table.shape[1] * block_size - 1))
     slots = paged_slots(table, pos, block_size)  # (B, S)
     # (B, S, Hkv, D) -> (B, Hkv, S, D)
     kk, vv = mx.swapaxes(k[slots], 1, 2), mx.swapaxes(v[slots], 1, 2)
-    valid = mx.arange(max_length)[None, :] < lengths[:, None]  # (B, S)
-    return _grouped_attention(q, kk, vv, scale, valid)
+    return kk, vv, mx.arange(max_length)[None, :] < lengths[:, None]
 
 
 def qk_rope_store(q, k, v, q_weight, k_weight, eps: float, table, positions, slots, k_pool, v_pool):
@@ -243,19 +250,16 @@ def qk_rope_store(q, k, v, q_weight, k_weight, eps: float, table, positions, slo
     value heads written at slot slots[b] of the pools (slots, Hkv, D): new arrays, the inputs left alone."""
     Hkv, D = k_pool.shape[1], k_pool.shape[2]
     B = positions.shape[0]
-    half = D // 2
     qh = q.reshape(B, -1, D)
     kh = k.reshape(B, Hkv, D)
     vh = v.reshape(B, Hkv, D)
     if q_weight is not None:
         qh, kh = rms_norm(qh, q_weight, eps), rms_norm(kh, k_weight, eps)
-    c = table.cos[positions][:, None, :]  # (B, 1, half)
-    s = table.sin[positions][:, None, :]
+    cos = table.cos[positions][:, None, :]  # (B, 1, D/2): each row's position, every head
+    sin = table.sin[positions][:, None, :]
 
     def turn(x):
-        xf = x.astype(mx.float32)
-        x1, x2 = xf[..., :half], xf[..., half:]
-        return mx.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+        return _rotate(x.astype(mx.float32), cos, sin).astype(x.dtype)
 
     kp, vp = mx.array(k_pool), mx.array(v_pool)
     kp[slots] = turn(kh).astype(kp.dtype)
