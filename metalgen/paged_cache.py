@@ -54,8 +54,7 @@ class PagedKVCache:
         # (B, kv_heads, 1, D) -> (B, kv_heads, D): one slot a row
         self.keys[slots] = k[:, :, 0, :].astype(self.keys.dtype)
         self.values[slots] = v[:, :, 0, :].astype(self.values.dtype)
-        return K.paged_decode_attention(q, self.keys, self.values, t.block_table, t.kv_lengths, t.max_length,
-                                        t.block_size, scale)
+        return self._rows_attention(q, scale)
 
     def attend_projected(self, q: mx.array, k: mx.array, v: mx.array, q_norm, k_norm, eps: float, table,
                          scale: float) -> mx.array:
@@ -66,6 +65,11 @@ class PagedKVCache:
         t = self.table
         q, self.keys, self.values = K.qk_rope_store(q, k, v, q_norm, k_norm, eps, table, t.positions, t.slots,
                                                     self.keys, self.values)
+        return self._rows_attention(q, scale)
+
+    def _rows_attention(self, q: mx.array, scale: float) -> mx.array:
+        """q (B, heads, 1, D) over each row's positions so far, this step's included."""
+        t = self.table
         return K.paged_decode_attention(q, self.keys, self.values, t.block_table, t.kv_lengths, t.max_length,
                                         t.block_size, scale)
 
@@ -149,10 +153,8 @@ class PagedBatchCache:
         S = first.keys.shape[2]
         src, dst = [], []
         for g, n, blocks in zip(at, lengths, new_blocks):
-            pad = first.padding[g]
-            src.append(np.arange(n, dtype=np.int32) + g * S + pad)
-            pos = np.arange(n, dtype=np.int32)
-            dst.append(np.asarray(blocks, np.int32)[pos // bs] * bs + pos % bs)
+            src.append(np.arange(n, dtype=np.int32) + g * S + first.padding[g])
+            dst.append(_slots(blocks, np.arange(n, dtype=np.int32), bs))
         src_idx, dst_idx = mx.array(np.concatenate(src)), mx.array(np.concatenate(dst))
         for layer, c in zip(self.layers, group):
             G, H, _, D = c.keys.shape
@@ -190,6 +192,7 @@ class PagedBatchCache:
         lengths = np.asarray(self.lengths, np.int32)
         width = max(len(blocks) for blocks in self.blocks)
         table = self._table[:, :width]  # past a row's blocks: never read
+        # each row's slot from the host table, not its block list (a list per row would cost its length)
         slots = table[np.arange(len(lengths)), lengths // bs] * bs + lengths % bs
         self.positions = mx.array(lengths)
         self.kv_lengths = mx.array(lengths + 1)
@@ -201,14 +204,12 @@ class PagedBatchCache:
     def row_slicer(self, b: int) -> Callable[[int, int], Tuple[mx.array, mx.array]]:
         """For the prefix cache: (begin, end) -> row b's keys and values of positions begin .. end - 1, each
         (layers, kv_heads, end - begin, head_dim), a copy of their own."""
-        bs = self.block_size
-        blocks = np.asarray(self.blocks[b], np.int32)
+        blocks = self.blocks[b]
 
         def slicer(begin: int, end: int) -> Tuple[mx.array, mx.array]:
             if not 0 <= begin < end <= self.lengths[b]:
                 raise MetalgenError(f"row {b} holds {self.lengths[b]} positions, not {begin} .. {end}")
-            pos = np.arange(begin, end, dtype=np.int32)
-            idx = mx.array(blocks[pos // bs] * bs + pos % bs)
+            idx = mx.array(_slots(blocks, np.arange(begin, end, dtype=np.int32), self.block_size))
             # each layer's (n, Hkv, D) -> (Hkv, n, D), stacked: (layers, Hkv, n, D)
             keys = mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.layers])
             values = mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.layers])
@@ -237,3 +238,10 @@ def _table_of(blocks: List[List[int]]) -> np.ndarray:
     for b, row in enumerate(blocks):
         table[b, : len(row)] = row
     return table
+
+
+def _slots(blocks: Sequence[int], positions, block_size: int):
+    """The pool slots of a row's positions (an int32 array): its block for each, then the offset in it
+    (kernels_metal.reference.paged_slots is the same on the device, for a table of rows)."""
+    p = np.asarray(positions)
+    return (np.asarray(blocks, np.int32)[p // block_size] * block_size + p % block_size).astype(np.int32)
