@@ -122,8 +122,9 @@ class BatchGenerator:
     leave first (their blocks freed). Sequences inserted since are prefilled together (up to
     `prefill_batch` rows, left-padded into one batched cache), at most one chunk of `prefill_step_size`
     tokens a step, enqueued ahead of the running rows' decode; a group whose prompts are complete samples
-    its first tokens and joins the batch in that step (each row's KV copied into blocks of the paged cache). The loop is double-buffered like generate_step's: the next step is enqueued before this
-    step's tokens are read back, and those (B,) token ids (with their computed logprobs) are the only
+    its first tokens and joins the batch in that step (each row's KV copied into blocks of the paged cache).
+    The loop is double-buffered like generate_step's: the next step is enqueued before this step's tokens
+    are read back, and those (B,) token ids (with their computed logprobs) are the only
     per-step readback.
     """
 
