@@ -12,8 +12,11 @@ each row its own blocks) and whose decode step runs traced layer halves (metalge
 prefilled; prompts (once prefilled) and finished sequences go into it. `batch_generate` is the offline API
 over it: prompts in, texts out.
 
-Dense and MoE Qwen decoders take this path; the hybrid Gated DeltaNet stacks do not yet (their
-recurrent states would need batching too) and are refused with a MetalgenError.
+Dense, MoE and hybrid Gated DeltaNet decoders take this path. A hybrid stack's linear layers keep each row's
+conv and recurrent states (metalgen.batch_cache.BatchLinearCache while prefilled, zeros fed at a row's left
+padding; metalgen.paged_cache.LinearRowStates in the batch). Those states cannot be cut at a prefix: the
+prefix cache keeps a snapshot of them where a prompt's prefill ends and where a sequence finishes, and a
+hybrid prompt starts only from such a snapshot, prefilled in a group of its own (its twins aside).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import mlx.core as mx
 import kernels_metal as K
 from profiling import NullTracer
 
-from .batch_cache import BatchKVCache, filter_caches
+from .batch_cache import BatchKVCache, BatchLinearCache, empty_group_caches, filter_caches
 from .batch_step import BatchStep
 from .errors import MetalgenError
 from .generate import TokenText, process_and_sample, sample_with_top
@@ -90,7 +93,9 @@ class _Prefill:
 
     rows: List[_Row]
     ids: mx.array  # (G, T) int32: each row's prompt, left-padded to the longest (T) with id 0
-    cache: List[BatchKVCache]  # per layer: G rows, padding as in `ids`, columns 0 .. fed - 1 written
+    # per layer (BatchKVCache, or BatchLinearCache for a Gated DeltaNet layer): G rows, padding as in `ids`,
+    # columns 0 .. fed - 1 written
+    cache: List
     fed: int = 0  # columns of `ids` in the cache
     twins: List[List[_Row]] = dataclasses.field(default_factory=list)  # per row of `rows`
 
@@ -108,12 +113,6 @@ class _Prefill:
         return self.rows + [t for ts in self.twins for t in ts]
 
 
-def check_batchable(model) -> None:
-    """Raise MetalgenError for a model whose layers cannot be batched yet (caller: go one at a time)."""
-    if getattr(model.spec, "hybrid", None) is not None or getattr(model, "make_cache", None) is not None:
-        raise MetalgenError("batched generation does not support Gated DeltaNet (hybrid) models yet; "
-                            "generate one sequence at a time")
-
 
 class BatchGenerator:
     """Decodes up to `max_batch` sequences together, one forward pass a token for all of them.
@@ -130,7 +129,6 @@ class BatchGenerator:
 
     def __init__(self, model, *, max_batch: int = 8, prefill_step_size: int = 512, prefill_batch: int = 8,
                  prefix_cache: Optional[PrefixCache] = None, tracer=_NULL_TRACER):
-        check_batchable(model)
         if max_batch < 1:
             raise MetalgenError(f"max batch must be >= 1, got {max_batch}")
         if prefill_batch < 1:
@@ -145,6 +143,8 @@ class BatchGenerator:
         # where prompts find the KV of their longest prefix already computed, and where every prompt (once
         # prefilled) and finished sequence goes; None: every prompt is prefilled whole
         self.prefix_cache = prefix_cache
+        # a hybrid stack's Gated DeltaNet states cannot be cut at a prefix: its prompts start from snapshots
+        self._hybrid = getattr(model.spec, "hybrid", None) is not None
         self.steps = 0
         self.prefilled = 0  # prompt tokens fed so far (padding, cached prefixes and shared prompts not counted)
         self.context = model.spec.max_position_embeddings
@@ -245,7 +245,8 @@ class BatchGenerator:
         if self.prefix_cache is not None:
             for b, row in enumerate(self.rows):
                 if row.done:  # its prompt and the tokens it was fed, for a later request that goes on from them
-                    self.prefix_cache.insert(row.ids[: self.cache.lengths[b]], self.cache.row_slicer(b))
+                    self.prefix_cache.insert(row.ids[: self.cache.lengths[b]], self.cache.row_slicer(b),
+                                             self.cache.row_states(b) if self._hybrid else None)
         self.rows = [self.rows[i] for i in keep]
         self.cache.keep(keep)  # the others' blocks are free now
         if not keep:
@@ -260,7 +261,10 @@ class BatchGenerator:
         """Enqueue one chunk of the arrivals' prefill: the group in progress (less its cancelled rows), else a
         new group from the waiting prompts if the batch has room. A chunk feeds every row of the group the
         same columns of their left-padded prompts, at most `prefill_step_size` tokens in all; the chunk that
-        ends the prompts gives each row's first token, and the group joins the running batch."""
+        ends the prompts gives each row's first token, and the group joins the running batch. A hybrid stack
+        with a prefix cache feeds the prompts' last column as a chunk of its own, so that the cache gets a
+        snapshot of each row's states before it: a prompt sent again (a regenerated reply, more choices)
+        starts there, and is fed only its last token."""
         group = self._drop_cancelled(self.prefilling) if self.prefilling else self._group()
         self.prefilling = group
         if group is None:
@@ -269,6 +273,10 @@ class BatchGenerator:
         # the chunk's tokens, padding included, bound its activations: G rows of `width` columns
         width = max(1, self.prefill_step_size // G)
         start, end = group.fed, min(T, group.fed + width)
+        # hybrid: the prompts but their last tokens first, for the snapshot (the twins' prompts are equal)
+        last_apart = self._hybrid and self.prefix_cache is not None
+        if last_apart and end == T and start < T - 1:
+            end = T - 1
         chunk = group.ids[:, start:end]  # (G, C)
         self.prefilled += sum(max(0, end - max(start, p)) for p in group.padding)  # real tokens, not padding
         with self.tracer.span("prefill", rows=G, tokens=G * (end - start), sync=False):
@@ -278,6 +286,9 @@ class BatchGenerator:
             group.fed = end
             if end < T:
                 mx.async_eval([c.state for c in group.cache])
+                if last_apart and end == T - 1:
+                    for g, row in enumerate(group.rows):
+                        self._store(group.cache, g, row.ids[:-1])
                 return
             # rows are left-padded: the last column is every row's last prompt token
             logits = self.model.logits(h[:, -1, :])  # (G, hidden) -> (G, vocab)
@@ -296,7 +307,7 @@ class BatchGenerator:
         tokens, logprobs = self._first_tokens(logits, rows)
         self.prefilling = None
         if self.cache is None:
-            self.cache = PagedBatchCache(len(self.model.layers))
+            self.cache = PagedBatchCache.for_model(self.model)
         self.cache.join(group.cache, at)  # each row's KV copied into blocks of its own
         self.rows += rows
         if self.tokens is None:
@@ -318,7 +329,10 @@ class BatchGenerator:
         place in the queue and, the oldest always going, is not passed over for long. With a prefix cache,
         the lengths weighed are what is left to prefill of each prompt past its longest cached prefix.
         A waiting prompt equal to one picked (a request's `n` choices) joins as its twin: it costs no prefill
-        and no place among the `prefill_batch`, only its row of the batch, and gets a copy of the other's KV."""
+        and no place among the `prefill_batch`, only its row of the batch, and gets a copy of the other's KV.
+        A hybrid stack's prompt that starts from a cached state snapshot is fed alone (with its twins): rows
+        prefilled together are fed the same columns, and its states cannot go back to where another row's
+        cached prefix ends; one passed over for that keeps its place."""
         room = self.max_batch - len(self.rows)  # rows, twins included
         cap = min(self.prefill_batch, room)  # prompts fed
         if not self.waiting or room < 1:
@@ -328,7 +342,12 @@ class BatchGenerator:
         def to_feed(row: _Row) -> int:
             # at least the last prompt token is fed: its logits give the first token
             n = len(row.ids)
-            held[id(row)] = min(self.prefix_cache.match(row.ids), n - 1) if self.prefix_cache is not None else 0
+            if self.prefix_cache is None:
+                held[id(row)] = 0
+            elif self._hybrid:
+                held[id(row)] = self.prefix_cache.match_state(row.ids, n - 1)
+            else:
+                held[id(row)] = min(self.prefix_cache.match(row.ids), n - 1)
             return n - held[id(row)]
 
         picked = [self.waiting[0]]
@@ -345,6 +364,8 @@ class BatchGenerator:
             if len(picked) == cap:
                 continue  # only twins of the picked prompts may still join
             n = to_feed(row)
+            if self._hybrid and (held[id(row)] or held[id(picked[0])]):
+                continue  # a hybrid prompt that starts from a snapshot is fed alone
             padded = (len(picked) + 1) * max(longest, n)
             if padded <= self.prefill_step_size or 4 * (padded - real - n) <= padded:
                 picked.append(row)
@@ -371,7 +392,9 @@ class BatchGenerator:
         remainder of the group. Before `start`, each row's columns are its padding and then its first
         cached tokens, copied from the prefix cache; a row that holds more than that recomputes the rest
         with the others (the cost of one aligned matrix, and what the grouping weighs). Sets each row's
-        `cached`. Without a cached prefix in some row, `start` is 0 and the caches are empty."""
+        `cached`. Without a cached prefix in some row, `start` is 0 and the caches are empty. A hybrid stack's
+        Gated DeltaNet layers start from the rows' state snapshots at `start` (its rows then start there:
+        `_group` feeds such a prompt alone)."""
         start = min(p + h for p, h in zip(padding, held))
         parts_k, parts_v, like = [], [], None
         for row, p in zip(rows, padding):
@@ -386,14 +409,31 @@ class BatchGenerator:
             parts_k.append(k)
             parts_v.append(v)
         if start == 0:
-            return [BatchKVCache.empty(padding) for _ in self.model.layers], 0
+            return empty_group_caches(self.model, padding), 0
         # the longest prompt has no padding and start > 0 columns cached: `like` is set
         parts_k = [mx.zeros_like(like[0]) if k is None else k for k in parts_k]
         parts_v = [mx.zeros_like(like[1]) if v is None else v for v in parts_v]
         # rows (layers, kv_heads, start, head_dim) -> (layers, G, kv_heads, start, head_dim): a layer's slice
         # is that layer's batch of rows
         keys, values = mx.stack(parts_k, axis=1), mx.stack(parts_v, axis=1)
-        return [BatchKVCache.prefilled(keys[i], values[i], padding) for i in range(keys.shape[0])], start
+        kv = iter(range(keys.shape[0]))
+        states = None
+        if self._hybrid:
+            # each row's snapshot: (conv (1, ...), recurrent (1, ...)) per Gated DeltaNet layer, in layer order
+            snaps = [self.prefix_cache.fetch_states(row.ids, row.cached) for row in rows]
+            states = iter(range(0, len(snaps[0]), 2))
+        caches = []
+        for layer in range(len(self.model.layers)):
+            if self._hybrid and self.model.spec.hybrid.is_linear(layer):
+                j = next(states)
+                c = BatchLinearCache(padding, start)
+                c.conv_state = mx.concatenate([snap[j] for snap in snaps])
+                c.recurrent = mx.concatenate([snap[j + 1] for snap in snaps])
+            else:
+                i = next(kv)
+                c = BatchKVCache.prefilled(keys[i], values[i], padding)
+            caches.append(c)
+        return caches, start
 
     def _drop_cancelled(self, group: _Prefill) -> Optional[_Prefill]:
         """The group without its removed rows (None if none is left), and without the left columns that are
@@ -413,23 +453,29 @@ class BatchGenerator:
         ids = group.ids[mx.array(keep, mx.int32)][:, shared:]  # (G', T - shared)
         if shared >= group.fed:
             # all that was fed is padding of every row kept: start again after it, in a fresh cache
-            cache, fed = [BatchKVCache.empty([p - shared for p in padding]) for _ in group.cache], 0
+            cache, fed = empty_group_caches(self.model, [p - shared for p in padding]), 0
         else:
             cache, fed = filter_caches(group.cache, keep), group.fed - shared  # drops the `shared` columns
         return _Prefill([slots[i][0] for i in keep], ids, cache, fed, [slots[i][1:] for i in keep])
 
-    def _store(self, cache: List[BatchKVCache], b: int, ids: List[int]) -> None:
+    def _store(self, cache: List, b: int, ids: List[int]) -> None:
         """Give the prefix cache row b of the per-layer caches `cache`, which holds the KV of `ids` from its
-        padding on (it copies only the positions it lacks)."""
+        padding on (it copies only the positions it lacks), and for a hybrid stack the snapshot of its Gated
+        DeltaNet states after them."""
         first = cache[0].padding[b]
+        kv = [c for c in cache if isinstance(c, BatchKVCache)]
+        linear = [c for c in cache if isinstance(c, BatchLinearCache)]
 
         def slicer(begin: int, end: int) -> Tuple[mx.array, mx.array]:
             cols = slice(first + begin, first + end)
             # each layer's (kv_heads, n, head_dim) -> (layers, kv_heads, n, head_dim): one copy, the cache's own
-            return (mx.stack([c.keys[b, :, cols, :] for c in cache]),
-                    mx.stack([c.values[b, :, cols, :] for c in cache]))
+            return (mx.stack([c.keys[b, :, cols, :] for c in kv]),
+                    mx.stack([c.values[b, :, cols, :] for c in kv]))
 
-        self.prefix_cache.insert(ids, slicer)
+        def states() -> List[mx.array]:
+            return [a[b : b + 1] for c in linear for a in (c.conv_state, c.recurrent)]
+
+        self.prefix_cache.insert(ids, slicer, states if linear else None)
 
     def _first_tokens(self, logits: mx.array, rows: List[_Row]) -> Tuple[mx.array, mx.array]:
         """Each row's first token from its prompt's last logits (G, V), as a generation alone samples it
@@ -564,7 +610,7 @@ def batch_generate(model, tokenizer, prompts: Sequence, *, max_tokens: int = 256
     prompts). Each text is what `metalgen.generate` gives for its prompt alone (for greedy sampling, the
     same tokens): it ends at an EOS id, at any string in `stop` (cut before it), or after `max_tokens`.
     `sampler` (greedy when None) and `logits_processors` apply to every prompt.
-    Raises MetalgenError for a hybrid (Gated DeltaNet) model; generate those one at a time."""
+    """
     from .api import encode_prompt
 
     if max_tokens < 0:

@@ -1,5 +1,6 @@
-"""The KV cache of one attention layer for prompts prefilled together (metalgen.batch), until they join the
-running batch's paged cache (metalgen.paged_cache).
+"""The per-layer caches of prompts prefilled together (metalgen.batch), until they join the running batch's
+paged cache (metalgen.paged_cache): an attention layer's KV (`BatchKVCache`), and a Gated DeltaNet layer's
+states (`BatchLinearCache`, hybrid stacks).
 
 Rows are left-padded so that every row's newest token sits in the same column: one chunk writes the same
 columns for all rows, and the attention of every row reads the same key range, with its padding masked
@@ -133,6 +134,75 @@ class BatchKVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
+class BatchLinearCache:
+    """The states of one Gated DeltaNet layer for B rows prefilled together: the conv's last taps
+    (B, kernel - 1, conv_dim) and the recurrent state (B, value_heads, key_head_dim, value_head_dim) float32,
+    as cache.LinearAttnCache holds them for one sequence.
+
+    Rows are left-padded as the group's attention layers are (BatchKVCache; `padding` and `offset` have the
+    same meaning), and a padding column must leave a row's states as a fresh sequence's: the layer zeroes
+    its conv input there (`real_columns`). Zero inputs need nothing else: the conv's past is zeros anyway,
+    the conv has no bias, and a zero key adds nothing to a state that is still zero, whatever the decay.
+    """
+
+    def __init__(self, padding: Sequence[int], offset: int = 0):
+        self.conv_state: Optional[mx.array] = None
+        self.recurrent: Optional[mx.array] = None
+        self.offset = int(offset)  # columns fed so far (GatedDeltaNet advances it)
+        self.padding: List[int] = [int(p) for p in padding]
+
+    @classmethod
+    def empty(cls, padding: Sequence[int]) -> "BatchLinearCache":
+        """No column fed yet: states are made by the first chunk (zeros before it)."""
+        return cls(padding)
+
+    @property
+    def size(self) -> int:
+        """The number of rows."""
+        return len(self.padding)
+
+    def real_columns(self, length: int) -> Optional[mx.array]:
+        """(B, length) bool: which of the next `length` columns are a row's tokens rather than its padding;
+        None when every one is (the chunk lies past every row's padding)."""
+        if max(self.padding) <= self.offset:
+            return None
+        cols = self.offset + mx.arange(length)  # (L,)
+        return cols[None, :] >= mx.array(self.padding, mx.int32)[:, None]
+
+    def filter(self, keep: Sequence[int]) -> int:
+        """Keep only the rows `keep` (in the order given) and forget the left columns that are padding in
+        every row kept, as BatchKVCache.filter does (the states hold no columns: only the count moves).
+        Returns how many columns were dropped."""
+        keep = [int(i) for i in keep]
+        if not keep:
+            raise MetalgenError("a batched Gated DeltaNet cache must keep at least one row (drop the cache instead)")
+        if keep != list(range(self.size)) and self.recurrent is not None:
+            idx = mx.array(keep, mx.int32)
+            self.conv_state, self.recurrent = self.conv_state[idx], self.recurrent[idx]
+        padding = [self.padding[i] for i in keep]
+        shared = min(min(padding), self.offset)
+        self.offset -= shared
+        self.padding = [p - shared for p in padding]
+        return shared
+
+    @property
+    def state(self) -> List[mx.array]:
+        """The arrays to evaluate to materialize this cache."""
+        return [a for a in (self.conv_state, self.recurrent) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
+def empty_group_caches(model, padding: Sequence[int]) -> List:
+    """Fresh per-layer caches for rows about to be prefilled together (left-padded by `padding`): a
+    BatchLinearCache for each Gated DeltaNet layer of a hybrid stack, a BatchKVCache for the others."""
+    hybrid = getattr(model.spec, "hybrid", None)
+    return [BatchLinearCache.empty(padding) if hybrid is not None and hybrid.is_linear(i)
+            else BatchKVCache.empty(padding) for i in range(len(model.layers))]
+
+
 def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
     """keys, values (B, H, used, D) copied into buffers with room past `used` (capacity rounded up to
     `step`, at least one free column, so that a one-column chunk does not reallocate)."""
@@ -141,7 +211,7 @@ def _with_room(keys: mx.array, values: mx.array, used: int, step: int):
     return mx.pad(keys, pad), mx.pad(values, pad)
 
 
-def filter_caches(batch: List[BatchKVCache], keep: Sequence[int]) -> Optional[List[BatchKVCache]]:
+def filter_caches(batch: List, keep: Sequence[int]) -> Optional[List[BatchKVCache]]:
     """Keep the rows `keep` of every layer's cache; None when no row is kept."""
     if not keep:
         return None

@@ -9,6 +9,10 @@ the block, a decode step writes one slot a row, attention reads each row's own b
 table (kernels_metal.paged_decode_attention: no mask, no padding), a joining row's KV is copied once
 into its blocks, and a leaving row's blocks go back to the free list with no device work at all.
 
+A hybrid stack's Gated DeltaNet layers hold no positions: each keeps its rows' conv and recurrent states
+as (B, ...) arrays (`LinearRowStates`), which a joining row's states are appended to and a leaving row's
+taken out of.
+
 The bookkeeping (which blocks each row holds, each row's length) is the host's, so that the per-step
 arrays (block table, lengths, the slots written) need no readback. The pool grows when the free list
 runs out (doubling, a copy of the pool), and is dropped with the batch when the batch empties.
@@ -23,7 +27,7 @@ import numpy as np
 
 import kernels_metal as K
 
-from .batch_cache import BatchKVCache
+from .batch_cache import BatchLinearCache
 from .errors import MetalgenError
 
 BLOCK_SIZE = 32  # positions a block; one of kernels_metal.PAGED_BLOCK_SIZES
@@ -94,18 +98,56 @@ class PagedKVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
+class LinearRowStates:
+    """One Gated DeltaNet layer's states for the running batch, a row each: the conv's last taps
+    (B, kernel - 1, conv_dim) and the recurrent state (B, value_heads, key_head_dim, value_head_dim), which
+    the layer's decode step replaces (models/gated_delta.py). Rows join with the states their prefill
+    left (`join`) and leave by a gather of the others (`keep`): a few MB a layer, against a whole sequence's
+    KV for an attention layer."""
+
+    def __init__(self):
+        self.conv_state: Optional[mx.array] = None
+        self.recurrent: Optional[mx.array] = None
+        self.offset = 0  # steps taken (the layer counts them; rows' own lengths are the table's)
+
+    def join(self, group: BatchLinearCache, at: mx.array) -> None:
+        """Append rows `at` (int32 indices, a row possibly twice) of a prefilled group's states."""
+        conv, rec = group.conv_state[at], group.recurrent[at]
+        if self.recurrent is None:
+            self.conv_state, self.recurrent = conv, rec
+        else:
+            self.conv_state = mx.concatenate([self.conv_state, conv.astype(self.conv_state.dtype)])
+            self.recurrent = mx.concatenate([self.recurrent, rec])
+
+    def keep(self, keep: mx.array) -> None:
+        """Keep only the rows `keep` (int32 indices, in that order)."""
+        self.conv_state, self.recurrent = self.conv_state[keep], self.recurrent[keep]
+
+    @property
+    def state(self) -> List[mx.array]:
+        return [a for a in (self.conv_state, self.recurrent) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
 class PagedBatchCache:
     """The running batch's KV, every layer's pool (`layers`, what the model is given as its cache) and the
     rows' blocks. Rows are in the batch's order; `join` appends rows, `keep` drops rows, `begin_step`
     makes the arrays of the decode step about to be enqueued (and gives each row a block where its next
-    position starts one)."""
+    position starts one). `linear`: the layers that are Gated DeltaNet (a hybrid stack's), which keep their
+    rows' states (LinearRowStates) instead of a pool."""
 
-    def __init__(self, num_layers: int, block_size: int = BLOCK_SIZE):
+    def __init__(self, num_layers: int, block_size: int = BLOCK_SIZE, linear: Sequence[int] = ()):
         if block_size not in K.PAGED_BLOCK_SIZES:
             raise MetalgenError(f"a paged KV cache's block size must be one of {K.PAGED_BLOCK_SIZES}, "
                                 f"got {block_size}")
         self.block_size = block_size
-        self.layers = [PagedKVCache(self) for _ in range(num_layers)]
+        linear = set(linear)
+        self.layers = [LinearRowStates() if i in linear else PagedKVCache(self) for i in range(num_layers)]
+        self.pools = [c for c in self.layers if isinstance(c, PagedKVCache)]  # the attention layers'
+        self.states = [c for c in self.layers if isinstance(c, LinearRowStates)]
         self.blocks: List[List[int]] = []  # per row, its blocks in position order
         self.lengths: List[int] = []  # per row, the positions written (or about to be, once begin_step ran)
         self.capacity = 0  # blocks in each pool
@@ -117,6 +159,13 @@ class PagedBatchCache:
         # the step's device arrays (begin_step)
         self.positions = self.kv_lengths = self.slots = self.block_table = None
         self.max_length = 0
+
+    @classmethod
+    def for_model(cls, model, block_size: int = BLOCK_SIZE) -> "PagedBatchCache":
+        """An empty cache for the batch of `model`, its Gated DeltaNet layers (a hybrid stack's) told apart."""
+        hybrid = getattr(model.spec, "hybrid", None)
+        n = len(model.layers)
+        return cls(n, block_size, [i for i in range(n) if hybrid.is_linear(i)] if hybrid is not None else ())
 
     @property
     def size(self) -> int:
@@ -131,18 +180,24 @@ class PagedBatchCache:
         """n free blocks, the pools grown (doubling) when the free list is short."""
         if len(self._free) < n:
             grown = max(self.capacity * 2, self.capacity + n - len(self._free), 16)
-            for layer in self.layers:
+            for layer in self.pools:
                 layer._grow(grown * self.block_size, *self._shape)
             # new blocks go under the old free ones: lower ids first, so that pools stay dense
             self._free = list(range(grown - 1, self.capacity - 1, -1)) + self._free
             self.capacity = grown
         return [self._free.pop() for _ in range(n)]
 
-    def join(self, group: Sequence[BatchKVCache], at: Sequence[int]) -> None:
-        """Append rows whose prompts were prefilled together in `group` (per-layer left-padded caches):
-        new row i is row at[i] of the group (a row may be named twice: a request's `n` choices each get a
-        copy). Each new row's KV, without its padding, is copied into blocks of its own."""
-        first = group[0]
+    def join(self, group: Sequence, at: Sequence[int]) -> None:
+        """Append rows whose prompts were prefilled together in `group` (per-layer left-padded caches:
+        BatchKVCache, and BatchLinearCache for Gated DeltaNet layers): new row i is row at[i] of the group (a
+        row may be named twice: a request's `n` choices each get a copy). Each new row's KV, without its
+        padding, is copied into blocks of its own; its Gated DeltaNet states are appended to the rows'."""
+        if self.states:
+            rows = mx.array(list(at), mx.int32)
+            for layer, c in zip(self.layers, group):
+                if isinstance(layer, LinearRowStates):
+                    layer.join(c, rows)
+        first = next(c for layer, c in zip(self.layers, group) if isinstance(layer, PagedKVCache))
         if self._shape is None:
             self._shape = (first.keys.shape[1], first.keys.shape[3], first.keys.dtype)
         lengths = [first.offset - first.padding[g] for g in at]
@@ -157,6 +212,8 @@ class PagedBatchCache:
             dst.append(_slots(blocks, np.arange(n, dtype=np.int32), bs))
         src_idx, dst_idx = mx.array(np.concatenate(src)), mx.array(np.concatenate(dst))
         for layer, c in zip(self.layers, group):
+            if not isinstance(layer, PagedKVCache):
+                continue
             G, H, _, D = c.keys.shape
             # (G, H, S, D) -> (G, S, H, D) -> (G * S, H, D)
             layer.keys[dst_idx] = mx.swapaxes(c.keys, 1, 2).reshape(G * S, H, D)[src_idx]
@@ -175,6 +232,10 @@ class PagedBatchCache:
         self.blocks = [self.blocks[i] for i in keep]
         self.lengths = [self.lengths[i] for i in keep]
         self._table = None
+        if self.states and keep:  # (no row left: the batch drops the cache)
+            rows = mx.array(keep, mx.int32)
+            for layer in self.states:
+                layer.keep(rows)
 
     def begin_step(self) -> None:
         """Make the device arrays of the decode step about to be enqueued, which writes each row's next
@@ -203,7 +264,7 @@ class PagedBatchCache:
 
     def row_slicer(self, b: int) -> Callable[[int, int], Tuple[mx.array, mx.array]]:
         """For the prefix cache: (begin, end) -> row b's keys and values of positions begin .. end - 1, each
-        (layers, kv_heads, end - begin, head_dim), a copy of their own."""
+        (layers, kv_heads, end - begin, head_dim) over the attention layers, a copy of their own."""
         blocks = self.blocks[b]
 
         def slicer(begin: int, end: int) -> Tuple[mx.array, mx.array]:
@@ -211,15 +272,20 @@ class PagedBatchCache:
                 raise MetalgenError(f"row {b} holds {self.lengths[b]} positions, not {begin} .. {end}")
             idx = mx.array(_slots(blocks, np.arange(begin, end, dtype=np.int32), self.block_size))
             # each layer's (n, Hkv, D) -> (Hkv, n, D), stacked: (layers, Hkv, n, D)
-            keys = mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.layers])
-            values = mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.layers])
+            keys = mx.stack([mx.swapaxes(c.keys[idx], 0, 1) for c in self.pools])
+            values = mx.stack([mx.swapaxes(c.values[idx], 0, 1) for c in self.pools])
             # the row's blocks are free once it leaves, and the next step may write into them in place
             # (qk_rope_store), with no data edge from this copy: the pools from now on come after it
-            for c in self.layers:
+            for c in self.pools:
                 c.keys, c.values = mx.depends([c.keys, c.values], [keys, values])
             return keys, values
 
         return slicer
+
+    def row_states(self, b: int) -> Callable[[], List[mx.array]]:
+        """For the prefix cache: () -> row b's Gated DeltaNet states after its positions so far, (conv (1, ...),
+        recurrent (1, ...)) for each such layer in layer order (a hybrid stack's snapshot)."""
+        return lambda: [a[b : b + 1] for c in self.states for a in (c.conv_state, c.recurrent)]
 
     @property
     def state(self) -> List[mx.array]:
@@ -227,7 +293,7 @@ class PagedBatchCache:
 
     @property
     def nbytes(self) -> int:
-        """The pools' bytes (held blocks and free ones)."""
+        """The pools' bytes (held blocks and free ones), and the Gated DeltaNet layers' states."""
         return sum(layer.nbytes for layer in self.layers)
 
 

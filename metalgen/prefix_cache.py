@@ -15,8 +15,12 @@ used, so a node is never older than what follows it): what goes first is the tai
 conversation, and a shared prefix stays while anything after it is in use.
 
 Positions are absolute: a node's KV is valid only after the exact tokens on its path (RoPE has turned the
-keys at their positions), which is what a prefix match guarantees. Dense and MoE attention stacks only: a
-Gated DeltaNet layer's state is not a per-position array and cannot be cut at a prefix.
+keys at their positions), which is what a prefix match guarantees.
+
+Hybrid stacks: a Gated DeltaNet layer's state is not a per-position array and cannot be cut at a prefix, so
+a sequence inserted with its `states` (every such layer's conv and recurrent state after its last token)
+keeps them at the node that ends there, a snapshot. A prompt may then start only at a snapshot
+(`match_state`): the longest held sequence that ends on one, and the attention layers' KV up to there.
 Not thread-safe: the engine's worker thread is its only user.
 """
 
@@ -33,22 +37,26 @@ from .errors import MetalgenError
 
 # (begin, end) -> (keys, values) of tokens[begin:end], each (layers, kv_heads, end - begin, head_dim)
 KVSlicer = Callable[[int, int], Tuple[mx.array, mx.array]]
+# () -> the Gated DeltaNet layers' states after a sequence's last token (arrays of its own, in layer order)
+StateSnapshot = Callable[[], List[mx.array]]
 
 
 class _Node:
-    __slots__ = ("tokens", "keys", "values", "children", "parent", "used")
+    __slots__ = ("tokens", "keys", "values", "states", "children", "parent", "used")
 
     def __init__(self, tokens: Tuple[int, ...], keys: Optional[mx.array], values: Optional[mx.array],
                  parent: Optional["_Node"]):
         self.tokens = tokens  # the run of ids this node adds after its parent's path
         self.keys, self.values = keys, values  # (layers, kv_heads, len(tokens), head_dim); None at the root
+        self.states: Optional[List[mx.array]] = None  # a hybrid stack's states after this node's last token
         self.children: Dict[int, "_Node"] = {}  # by each child's first id
         self.parent = parent
         self.used = 0  # the clock of the last lookup or insertion that went through it
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        kv = 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return kv + (sum(a.nbytes for a in self.states) if self.states else 0)
 
 
 def _common(run: Tuple[int, ...], ids: Sequence[int], at: int) -> int:
@@ -120,6 +128,27 @@ class PrefixCache:
         """How many leading ids of `ids` have their KV here (0 if none); marks nothing as used."""
         return self._walk(ids)[1]
 
+    def match_state(self, ids: Sequence[int], limit: int) -> int:
+        """The longest held prefix of `ids` of at most `limit` ids that ends on a state snapshot (0 if none):
+        where a hybrid stack's prompt may start (`fetch` and `fetch_states` give what it starts from)."""
+        best, at = 0, 0
+        for node, m in self._walk(ids)[0]:
+            at += m
+            if m < len(node.tokens) or at > limit:
+                break
+            if node.states is not None:
+                best = at
+        return best
+
+    def fetch_states(self, ids: Sequence[int], n: int) -> List[mx.array]:
+        """The state snapshot held after ids[:n] (n from `match_state`); the path is marked as used."""
+        path, at = self._walk(ids[:n])
+        node, m = path[-1] if path else (None, 0)
+        if at != n or node is None or m < len(node.tokens) or node.states is None:
+            raise MetalgenError(f"the prefix cache holds no state after the first {n} ids of this sequence")
+        self._touch(path)
+        return node.states
+
     def fetch(self, ids: Sequence[int], n: int) -> Tuple[mx.array, mx.array]:
         """The keys and values of ids[:n], each (layers, kv_heads, n, head_dim), for 0 < n <= match(ids); the
         path is marked as used. The arrays are the caller's: evicting their nodes later does not touch them."""
@@ -139,17 +168,27 @@ class PrefixCache:
             return keys[0], values[0]
         return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
 
-    def insert(self, ids: Sequence[int], slicer: KVSlicer) -> int:
+    def insert(self, ids: Sequence[int], slicer: KVSlicer, states: Optional[StateSnapshot] = None) -> int:
         """Hold the KV of the sequence `ids`: the positions already held are shared (a held sequence that
         `ids` extends grows, one that extends `ids` already covers it), and `slicer(begin, end)` is asked
         for the keys and values of ids[begin:end] only. At most what fits the budget with the prefix it
         hangs from is stored; then the least recently used tails of other sequences go until the cache is
-        within its budget. Returns the positions added."""
+        within its budget. `states` (hybrid stacks): asked, unless held already, for the snapshot to keep
+        at the node ending after the last id (a node is cut there if need be), when the whole sequence is
+        held. Returns the positions added."""
         if self.max_bytes == 0 or not ids:
             return 0
         path, at = self._walk(ids)
         if at == len(ids):  # held already, whole or as the prefix of a longer sequence
+            if states is not None:
+                node, m = path[-1]
+                if m < len(node.tokens):  # the sequence ends inside a node: cut it there for the snapshot
+                    node = self._split(node, m)
+                    path[-1] = (node, m)
+                if node.states is None:
+                    self._keep_states(node, states)
             self._touch(path)
+            self._evict()
             return 0
         parent = self._root
         if path:
@@ -173,8 +212,15 @@ class PrefixCache:
         # evaluated now: the lazy slices would otherwise keep the arrays they were cut from (a batch's whole
         # cache buffers) alive until someone reads them
         mx.async_eval(keys, values)
+        if states is not None and end == len(ids):
+            self._keep_states(leaf, states)
         self._evict()
         return end - at
+
+    def _keep_states(self, node: _Node, states: StateSnapshot) -> None:
+        node.states = [_copy(a) for a in states()]  # buffers of its own, as the KV's (they are counted)
+        self.nbytes += sum(a.nbytes for a in node.states)
+        mx.async_eval(node.states)
 
     def _split(self, node: _Node, m: int) -> _Node:
         """Cut `node` after its first m tokens: a new node holds those (in its place under the parent) and
@@ -203,6 +249,6 @@ class PrefixCache:
             parent = node.parent
             del parent.children[node.tokens[0]]
             self.nbytes -= node.nbytes
-            node.keys = node.values = None
+            node.keys = node.values = node.states = None
             if parent is not self._root and not parent.children:  # a leaf now, as old as its last use
                 heapq.heappush(heap, (parent.used, id(parent), parent))

@@ -74,13 +74,44 @@ BATCH_CONFIGS_HD64 = {
     "qwen3_moe": dict(BATCH_CONFIGS["qwen3_moe"], head_dim=64),
 }
 
+# hybrid stacks for the same tests: Gated DeltaNet layers (2 key heads of 16, 4 value heads of 8, a 4-tap conv)
+# and gated attention layers (heads of 16). Qwen3-Next: layer 3 attention (the default interval), a quarter of
+# each head turned, sparse layers but layer 1; Qwen3.5: attention first and third, whole heads turned, dense.
+_HYBRID = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               intermediate_size=96, vocab_size=512, max_position_embeddings=256, rms_norm_eps=1e-6,
+               rope_theta=10000.0, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=8,
+               linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=False)
+HYBRID_BATCH_CONFIGS = {
+    "qwen3_next": dict(_HYBRID, model_type="qwen3_next", partial_rotary_factor=0.25, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1]),
+    "qwen3_5": dict(_HYBRID, model_type="qwen3_5", partial_rotary_factor=1.0,
+                    layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"]),
+}
+
 
 def tiny_model(config: dict, seed: int = 0):
     """An in-memory model of `config` with seeded random float32 weights (no files)."""
     from metalgen.loading import finish_loading
 
     model = build_model(config)
-    weights = model.pack_weights(dict(tree_flatten(random_weights(model, seed=seed, dtype=mx.float32))))
+    weights = dict(tree_flatten(random_weights(model, seed=seed, dtype=mx.float32)))
+    if model.spec.hybrid is not None:
+        weights = _lasting_states(weights, seed)
+    weights = model.pack_weights(weights)
     model.load_weights(list(weights.items()))
     finish_loading(model)
     return model
+
+
+def _lasting_states(weights: dict, seed: int) -> dict:
+    """Gated DeltaNet layers whose states matter: with N(0, 0.02) weights a state decays by half a token
+    (A_log 0, dt_bias 0) and barely moves the logits, so a test that lost a state could still pass. Here
+    the decay is ~1% a token and the layer's projections 10x larger."""
+    key = mx.random.key(seed + 1)
+    for name in list(weights):
+        if name.endswith(".A_log"):
+            weights[name] = -4.0 + 0.5 * mx.random.normal(weights[name].shape, key=key)
+        elif ".linear_attn.in_proj" in name or ".linear_attn.out_proj" in name:
+            weights[name] = 10 * weights[name]
+    return weights

@@ -16,10 +16,13 @@ import metalgen
 from metalgen.batch import BatchGenerator, batch_generate
 from metalgen.errors import MetalgenError
 from metalgen.generate import generate_step
+from metalgen.prefix_cache import PrefixCache
 from metalgen.sampling import make_logits_processors, make_sampler
 from profiling import Tracer
 
-from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, tiny_model
+
+CONFIGS = {**BATCH_CONFIGS, **HYBRID_BATCH_CONFIGS}  # dense, MoE and hybrid (Gated DeltaNet) stacks
 
 
 def alone(model, prompt, n, sampler=None, processors=()):
@@ -44,12 +47,12 @@ def run(gen, late=None):
     return tokens, reasons
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_batched_tokens_equal_each_sequence_alone(kind):
     """A seeded sampled row, greedy rows of prompt lengths 4 (leaving after 3 tokens), 6 and 11, and a greedy
     row with a repetition penalty: the tokens each one gets alone. max_batch 4 makes the last row wait and
     join mid-way, when the short one has left. (The rows are sampled in groups, out of row order.)"""
-    model = tiny_model(BATCH_CONFIGS[kind])
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 512, n).tolist() for n in (9, 4, 15, 6, 11)]
     budgets = [10, 3, 8, 9, 7]
@@ -68,13 +71,14 @@ def test_batched_tokens_equal_each_sequence_alone(kind):
     assert len(set(tokens[uids[0]])) > 3  # the sampled row really samples
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS) + ["qwen3-hd64"])
+@pytest.mark.parametrize("kind", sorted(CONFIGS) + ["qwen3-hd64"])
 def test_a_batch_of_traced_steps_gives_each_sequence_its_tokens_alone(kind):
     """8 rows (past kernels_metal.GEMV_MAX_ROWS: the step runs traced layer halves, metalgen.batch_step),
     their budgets staggered so that the batch shrinks through the threshold to the untraced step; one row
     sampled with a seed, one with a repetition penalty: each row's tokens are those it gets alone. (Heads of
-    64 dims: the norms, RoPE and cache write of the step in one kernels_metal.qk_rope_store launch.)"""
-    model = tiny_model(BATCH_CONFIGS_HD64["qwen3"] if kind == "qwen3-hd64" else BATCH_CONFIGS[kind])
+    64 dims: the norms, RoPE and cache write of the step in one kernels_metal.qk_rope_store launch. A hybrid
+    stack's layers run as they are.)"""
+    model = tiny_model(BATCH_CONFIGS_HD64["qwen3"] if kind == "qwen3-hd64" else CONFIGS[kind])
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(3, 30, 8)]
     budgets = [12, 3, 5, 7, 9, 4, 11, 6]
@@ -142,11 +146,6 @@ def test_batch_generate_gives_each_prompts_text_alone(tiny):
 
 
 def test_refusals_are_one_line_errors():
-    from metalgen.dummy import dummy_config
-    from metalgen.models import build_model
-
-    with pytest.raises(MetalgenError, match="Gated DeltaNet"):
-        BatchGenerator(build_model(dummy_config("tiny-qwen3.5")))
     gen = BatchGenerator(tiny_model(BATCH_CONFIGS["qwen3"]))
     for prompt, n, msg in [([], 4, "empty"), ([1, 512], 4, "id 512 is outside"), ([1] * 256, 4, "past the model's"),
                            ([1], 0, "max tokens must be >= 1")]:
@@ -231,15 +230,16 @@ def alone_with_logprobs(model, prompt, n, sampler=None, processors=(), top=0):
                               logits_processors=processors, top_logprobs=top))
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_arrivals_at_one_boundary_are_prefilled_together(kind):
     """Five prompts (5 to 14 tokens) arrive at once, with a seeded sampler, a repetition penalty with top
     logprobs, a presence penalty: those of 5, 9 and 8 tokens are prefilled as one group in chunks of 6 and 3
     columns (3 rows share the 20 tokens a chunk), the 14 and the 3 (too much padding beside the others)
-    after them; each row's tokens, logprobs and alternatives are those it gets alone."""
+    after them; each row's tokens, logprobs and alternatives are those it gets alone. (The 5-token row's
+    padding takes 4 columns of the first chunk: a hybrid stack's Gated DeltaNet layers feed zeros there.)"""
     from metalgen.sampling import make_presence_frequency_penalty
 
-    model = tiny_model(BATCH_CONFIGS[kind])
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, 512, n).tolist() for n in (5, 9, 14, 3, 8)]
     settings = [dict(), dict(sampler=lambda: make_sampler(1.0, seed=3)),
@@ -299,14 +299,16 @@ def test_a_long_prompt_is_prefilled_a_chunk_a_step_while_the_batch_decodes():
     assert tokens[uids[2]] == alone(model, long, 5)
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_next"])
 @pytest.mark.parametrize("other, after, rest", [(26, 2, [8, 8, 6]), (24, 1, [8, 8, 8])])
-def test_a_row_cancelled_while_prefilling_leaves_its_group(other, after, rest):
+def test_a_row_cancelled_while_prefilling_leaves_its_group(kind, other, after, rest):
     """A row decodes while a group of two (30 tokens, and `other`) is prefilled 4 columns a step; the longer
     one is cancelled after `after` chunks. The other goes on alone, 8 columns a step, without the columns
     that were padding of it only: of 8 fed, the 4 written ones go (22 left); of 4 fed, all padding of it, it
     starts again from its own 24 tokens. Every remaining row gets its tokens alone; the cancelled one
-    reports none. Cancelling the whole group ends its prefill."""
-    model = tiny_model(BATCH_CONFIGS["qwen2"])
+    reports none. Cancelling the whole group ends its prefill. (A hybrid stack's Gated DeltaNet states
+    drop the row and forget the columns with the attention layers' KV.)"""
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(9)
     first, gone, kept = (rng.integers(0, 512, n).tolist() for n in (3, 30, other))
     buf = io.StringIO()
@@ -379,14 +381,17 @@ def collect(per_step):
     return got
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_a_conversation_that_goes_on_prefills_only_its_new_tokens(kind):
     """A sampled request of 17 tokens generates 8 (7 of them fed back); the next turn (its prompt, its reply
     and 6 new tokens) is fed only the 6 new ones plus the reply's last token, and a prompt held whole is fed
-    only its last token: each gets the tokens, logprobs and alternatives it gets alone from scratch."""
-    from metalgen.prefix_cache import PrefixCache
-
-    model = tiny_model(BATCH_CONFIGS[kind])
+    only its last token: each gets the tokens, logprobs and alternatives it gets alone from scratch. A hybrid
+    stack starts from a state snapshot, which the cache holds where the first prompt ended (17) and where
+    the first request finished (24): the next turn starts from the second, the prompt held whole (24 tokens,
+    one of which must be fed) from the first. (Its prompts' last tokens are fed apart, for a snapshot before
+    them.)"""
+    hybrid = kind in HYBRID_BATCH_CONFIGS
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(4)
     first = rng.integers(0, 512, 17).tolist()
     buf = io.StringIO()
@@ -399,15 +404,43 @@ def test_a_conversation_that_goes_on_prefills_only_its_new_tokens(kind):
     second = first + reply + rng.integers(0, 512, 6).tolist()
     b = gen.insert(second, 6, make_sampler(1.0, seed=2), top_logprobs=4)
     got = collect(steps(gen))[b]
-    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(1, 17), (1, 7)]
+    fed = [(1, 16), (1, 1), (1, 6), (1, 1)] if hybrid else [(1, 17), (1, 7)]
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == fed
     assert {r.cached_tokens for r in got} == {24}
     check_alone(model, got, second, 6, seed=2, top=4)
     assert len({r.token for r in got}) > 2  # the row really samples
     whole = first + reply[:7]  # held whole: its last token is fed again for its logits
     c = gen.insert(whole, 4)
     got = collect(steps(gen))[c]
-    assert spans(buf, "prefill")[-1]["tokens"] == 1 and got[0].cached_tokens == 23
+    fed, cached = ([6, 1], 17) if hybrid else ([1], 23)
+    assert [e["tokens"] for e in spans(buf, "prefill")[-len(fed):]] == fed and got[0].cached_tokens == cached
     check_alone(model, got, whole, 4)
+    if hybrid:  # sent again: fed only its last token, from the snapshot before it
+        d = gen.insert(whole, 4)
+        got = collect(steps(gen))[d]
+        assert spans(buf, "prefill")[-1]["tokens"] == 1 and got[0].cached_tokens == 23
+        check_alone(model, got, whole, 4)
+
+
+def test_a_hybrid_prompt_from_a_snapshot_is_prefilled_alone():
+    """Hybrid stack: after a request, two prompts arrive at once, one going on from the first (a snapshot
+    where it finished) and one unrelated. They are fed apart, the first from its snapshot (each prompt's last
+    token a chunk of its own), and each gets the tokens it gets alone."""
+    model = tiny_model(HYBRID_BATCH_CONFIGS["qwen3_next"])
+    rng = np.random.default_rng(6)
+    first = rng.integers(0, 512, 12).tolist()
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefix_cache=PrefixCache(1 << 24), tracer=Tracer(buf))
+    reply = collect(steps(gen, {0: lambda g: g.insert(first, 5)}))
+    reply = [r.token for r in next(iter(reply.values()))]
+    other = rng.integers(0, 512, 9).tolist()
+    more = first + reply + rng.integers(0, 512, 3).tolist()
+    uids = [gen.insert(more, 4), gen.insert(other, 4)]
+    got = collect(steps(gen))
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")][2:] == [(1, 3), (1, 1), (1, 8), (1, 1)]
+    assert got[uids[0]][0].cached_tokens == 16 and got[uids[1]][0].cached_tokens == 0
+    assert [r.token for r in got[uids[0]]] == alone(model, more, 4)
+    assert [r.token for r in got[uids[1]]] == alone(model, other, 4)
 
 
 def test_rows_of_a_group_start_from_different_cached_lengths():
@@ -416,8 +449,6 @@ def test_rows_of_a_group_start_from_different_cached_lengths():
     they are fed together the last 6 columns, the longest remainder: the first row recomputes 2 of its
     cached tokens beside the others. Then a group with cached rows loses one mid-prefill: the other goes on.
     Every row gets what it gets alone."""
-    from metalgen.prefix_cache import PrefixCache
-
     model = tiny_model(BATCH_CONFIGS["qwen2"])
     rng = np.random.default_rng(8)
     system = rng.integers(0, 512, 30).tolist()
@@ -454,8 +485,6 @@ def test_concurrent_requests_share_a_system_prompt_while_the_first_runs():
     """A request's prompt goes into the prefix cache when its prefill ends, not when it finishes: two more
     with the same 40-token system prompt, arriving while it decodes, are fed only their own 5 tokens, and the
     system prompt is held once."""
-    from metalgen.prefix_cache import PrefixCache
-
     model = tiny_model(BATCH_CONFIGS["qwen3_moe"])
     rng = np.random.default_rng(6)
     system = rng.integers(0, 512, 40).tolist()
@@ -483,8 +512,6 @@ def test_rows_with_one_prompt_share_its_prefill():
     prompt's 6), the twins join with copies of its KV and last logits, and each row gets what it gets alone.
     With the prompt in the prefix cache, three choices of a longer one are fed its 3 new tokens once; a twin
     takes the place of the fed row removed mid-prefill. A group all removed ends."""
-    from metalgen.prefix_cache import PrefixCache
-
     model = tiny_model(BATCH_CONFIGS["qwen2"])
     rng = np.random.default_rng(12)
     prompt, other = rng.integers(0, 512, 20).tolist(), rng.integers(0, 512, 6).tolist()

@@ -8,12 +8,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalgen.batch_cache import BatchKVCache, filter_caches
+from metalgen.batch_cache import BatchKVCache, BatchLinearCache, empty_group_caches, filter_caches
 from metalgen.cache import make_prompt_cache
 from metalgen.errors import MetalgenError
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, HYBRID_BATCH_CONFIGS, tiny_model
+
+CONFIGS = {**BATCH_CONFIGS, **HYBRID_BATCH_CONFIGS}
 
 
 def test_mask_hides_each_rows_padding_and_is_causal_for_chunks():
@@ -72,12 +74,34 @@ def test_an_empty_cache_takes_left_padded_rows_and_their_padding_queries_see_onl
     assert early.filter([0, 1]) == 1 and (early.offset, early.padding) == (0, [4, 2])
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+def test_a_linear_layers_cache_feeds_zeros_at_each_rows_padding_and_filters_like_the_kv():
+    batch = BatchLinearCache.empty([2, 0, 5])
+    assert (batch.size, batch.state, batch.nbytes) == (3, [], 0)
+    assert np.array(batch.real_columns(4)).astype(int).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]
+    batch.offset = 4  # (the layer counts the columns it is fed)
+    assert np.array(batch.real_columns(2)).astype(int).tolist() == [[1, 1], [1, 1], [0, 1]]
+    batch.offset = 5
+    assert batch.real_columns(3) is None  # past every row's padding: nothing to zero
+    batch.conv_state = mx.arange(3)[:, None, None] * mx.ones((3, 3, 2))
+    batch.recurrent = mx.arange(3)[:, None, None, None] * mx.ones((3, 1, 2, 2))
+    # rows 2 and 0 kept: 2 columns are padding of both and fed, so they are forgotten, as the KV's are
+    assert batch.filter([2, 0]) == 2
+    assert (batch.offset, batch.padding) == (3, [3, 0])
+    assert np.array(batch.recurrent[:, 0, 0, 0]).tolist() == [2, 0] and np.array(batch.conv_state[:, 0, 0]).tolist() == [2, 0]
+    with pytest.raises(MetalgenError, match="at least one row"):
+        batch.filter([])
+    # a hybrid stack's group: the kind each layer needs
+    model = tiny_model(HYBRID_BATCH_CONFIGS["qwen3_5"])
+    kinds = [type(c).__name__ for c in empty_group_caches(model, [1, 0])]
+    assert kinds == ["BatchKVCache", "BatchLinearCache", "BatchKVCache", "BatchLinearCache"]
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_prompts_prefilled_together_equal_each_alone(kind):
     """Prompts of 7, 12 and 3 tokens left-padded to 12 in one empty batched cache, fed in chunks of 5, 5 and 2
     columns (the first chunk is all padding for the 3-token row): each row's last logits, and those of two
     decode steps after the rows join a paged batch holding a longer prompt, agree with each prompt alone."""
-    model = tiny_model(BATCH_CONFIGS[kind])
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 512, n).tolist() for n in (7, 12, 3)]
     first = rng.integers(0, 512, 14).tolist()  # the running batch's prompt, longer than all three
@@ -91,16 +115,16 @@ def test_prompts_prefilled_together_equal_each_alone(kind):
     T = max(map(len, prompts))
     padding = [T - len(p) for p in prompts]
     ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])  # (3, 12), left-padded
-    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    group = empty_group_caches(model, padding)
     for a, b in ((0, 5), (5, 10), (10, 12)):
         logits = np.array(model(ids[:, a:b], cache=group)[:, -1])
     assert not np.isnan(logits).any()
     for i in range(3):
         assert close(logits[i], alone[i][0]), (kind, i)
 
-    running = [BatchKVCache.empty([0]) for _ in model.layers]
+    running = empty_group_caches(model, [0])
     mx.eval(model(mx.array([first]), cache=running))
-    batch = PagedBatchCache(len(model.layers), block_size=16)
+    batch = PagedBatchCache.for_model(model, block_size=16)
     batch.join(running, [0])
     batch.join(group, [0, 1, 2])  # each row without its padding, in blocks of its own
     assert batch.lengths == [14, 7, 12, 3]

@@ -8,12 +8,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalgen.batch_cache import BatchKVCache
+from metalgen.batch_cache import BatchKVCache, empty_group_caches
 from metalgen.cache import make_prompt_cache
 from metalgen.errors import MetalgenError
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, HYBRID_BATCH_CONFIGS, tiny_model
+
+CONFIGS = {**BATCH_CONFIGS, **HYBRID_BATCH_CONFIGS}
 
 
 def group_of(lengths, heads=2, dim=4, layers=1, start=1.0):
@@ -120,30 +122,34 @@ def prefill_group(model, prompts):
     """Prompts prefilled together, left-padded, as metalgen.batch does before they join: (caches, logits)."""
     T = max(map(len, prompts))
     padding = [T - len(p) for p in prompts]
-    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    group = empty_group_caches(model, padding)
     ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
     logits = model(ids, cache=group)[:, -1]
     mx.eval(logits, [c.state for c in group])
     return group, logits
 
 
-@pytest.mark.parametrize("kind", sorted(BATCH_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_paged_decode_logits_equal_each_sequence_alone(kind):
     """Rows of prompt lengths 7, 12 and 3 (block size 16: the 12-token row crosses into its second block on
     the 5th step) fed the same tokens batched and alone: every step's logits agree, while row 2 joins after
-    two steps and row 1 leaves after four (its blocks freed, and reused by nothing that breaks the others)."""
-    model = tiny_model(BATCH_CONFIGS[kind])
+    two steps and row 1 leaves after four (its blocks freed, and reused by nothing that breaks the others).
+    Hybrid stacks: the left-padded prefill leaves each row's Gated DeltaNet states as its prefill alone does
+    (its prompt's last logits agree), and rows join and leave those layers' states too."""
+    model = tiny_model(CONFIGS[kind])
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 512, n).tolist() for n in (7, 12, 3)]
     feeds = rng.integers(0, 512, (3, 6)).tolist()
-    alone = []
+    alone, last = [], []
     for p, feed in zip(prompts, feeds):
         c = make_prompt_cache(model, decode="plain")
-        model(mx.array([p]), cache=c)
+        last.append(np.array(model(mx.array([p]), cache=c)[0, -1]))
         alone.append([np.array(model(mx.array([[t]]), cache=c)[0, -1]) for t in feed])
 
-    cache = PagedBatchCache(len(model.layers), block_size=16)
-    cache.join(prefill_group(model, prompts[:2])[0], [0, 1])
+    cache = PagedBatchCache.for_model(model, block_size=16)
+    group, logits = prefill_group(model, prompts[:2])
+    assert close(np.array(logits[0]), last[0]) and close(np.array(logits[1]), last[1])
+    cache.join(group, [0, 1])
     rows, fed = [0, 1], [0, 0, 0]
     compared = 0
     for step in range(6):

@@ -123,3 +123,46 @@ def test_no_budget_holds_nothing_and_a_negative_one_is_refused():
     assert insert(cache, [1, 2, 3]) == (0, []) and cache.match([1, 2, 3]) == 0
     with pytest.raises(MetalgenError, match="budget must be >= 0 bytes, got -1"):
         PrefixCache(-1)
+
+
+def snapshot(n):
+    """A hybrid stack's states after n ids (two arrays, each holding n), and the count of calls for them."""
+    calls = []
+
+    def make():
+        calls.append(n)
+        return [mx.full((1, 3), float(n)), mx.full((1, 2, 2), -float(n))]
+
+    return make, calls
+
+
+def test_state_snapshots_are_kept_where_sequences_end_and_are_the_only_places_to_start():
+    cache = PrefixCache(1 << 20)
+    a = list(range(1, 11))
+    make, calls = snapshot(10)
+    assert cache.insert(a, slicer(a, []), make) == 10 and calls == [10]
+    state_bytes = (3 + 4) * 4
+    assert cache.nbytes == 10 * PER_TOKEN + state_bytes
+    assert cache.match(a + [11]) == 10 and cache.match_state(a + [11], 100) == 10
+    assert cache.match_state(a, 9) == 0  # no snapshot at 9 or before: start from nothing
+    # a held prefix gets its own snapshot: the node is cut where it ends, the tail keeps its own
+    make6, calls6 = snapshot(6)
+    assert cache.insert(a[:6], slicer(a, []), make6) == 0 and calls6 == [6]
+    assert cache.nbytes == 10 * PER_TOKEN + 2 * state_bytes
+    assert cache.match_state(a, 9) == 6 and cache.match_state(a + [11], 100) == 10
+    assert cache.match_state(a[:6] + [99], 100) == 6 and cache.match_state(a[:5], 100) == 0
+    assert np.array(cache.fetch_states(a, 6)[0]).tolist() == [[6.0] * 3]
+    assert np.array(cache.fetch_states(a + [11], 10)[1]).tolist() == [[[-10.0] * 2] * 2]
+    assert held(cache, a) == a  # the KV is as it was, across the cut
+    # asked again: held already, nothing made
+    assert cache.insert(a[:6], slicer(a, []), make6) == 0 and calls6 == [6]
+    with pytest.raises(MetalgenError, match="no state after the first 8 ids"):
+        cache.fetch_states(a, 8)
+    # a branch without a snapshot (a sequence cut by the budget, or inserted without states) gives none
+    b = a[:6] + [40, 41]
+    cache.insert(b, slicer(b, []))
+    assert cache.match(b) == 8 and cache.match_state(b + [1], 100) == 6
+    # eviction takes a leaf's snapshot with its KV
+    cache.max_bytes = 6 * PER_TOKEN + state_bytes
+    cache._evict()
+    assert cache.nbytes == 6 * PER_TOKEN + state_bytes and cache.match_state(a + [11], 100) == 6

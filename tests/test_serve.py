@@ -318,13 +318,16 @@ def test_limits_name_their_field_and_bound():
         parse_request(dict(body, top_p=2), "chat", 16)
 
 
-def test_a_hybrid_models_n_choices_prefill_the_prompt_once():
-    """A hybrid stack (served one at a time: its cache cannot be trimmed) keeps a checkpoint at the prompt,
-    so choices 1 and 2 of n=3 resume there and feed only the prompt's last token again; each choice is the
-    n=1 request with its seed, and the usage says what was cached."""
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_hybrid_models_n_choices_prefill_the_prompt_once(max_batch):
+    """A hybrid stack, whose cache cannot be trimmed. One at a time it keeps a checkpoint at the prompt but
+    its last token, so choices 1 and 2 of n=3 resume there and feed only that token again; batched, the
+    three choices share one prefill. Either way a later request with the prompt is fed its last token only
+    (batched, from the prefix cache's snapshot of the states there). Each choice is the n=1 request with its
+    seed, and the usage says what was cached."""
     model, tok = metalgen.load("dummy:tiny-qwen3.5", dtype="float32")
-    engine = Engine(model, tok, NAME, decode="plain", max_batch=4)
-    assert engine.max_batch == 1  # hybrid stacks are not batched
+    engine = Engine(model, tok, NAME, decode="plain", max_batch=max_batch)
+    assert engine.max_batch == max_batch and (engine.prefix_cache is None) == (max_batch == 1)
     with live_server(make_app(engine, 16)) as port:
         url = f"http://127.0.0.1:{port}"
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
@@ -338,7 +341,7 @@ def test_a_hybrid_models_n_choices_prefill_the_prompt_once():
             return r, httpx.get(url + "/debug/engine").json()["engine"]["prefilled_tokens"] - before
 
         r, delta = fed(n=3, seed=5)
-        assert delta == n_ids + 2 and r.usage.prompt_tokens_details.cached_tokens == 0
+        assert delta == (n_ids + 2 if max_batch == 1 else n_ids) and r.usage.prompt_tokens_details.cached_tokens == 0
         alone = []
         for i in range(3):
             one, delta = fed(seed=5 + i)

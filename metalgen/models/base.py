@@ -45,5 +45,6 @@ def mask_for(length: int, cache) -> Optional[Any]:
     """The mask every block of a stack needs for `length` new tokens: the cache's own where it has one (a
     batched cache's rows are left-padded: metalgen.batch_cache.BatchKVCache.make_mask, an array), else
     `causal_mask_for`. `cache` is the stack's per-layer cache list, or None."""
-    make = getattr(cache[0], "make_mask", None) if cache else None
+    # the first layer with a mask of its own: a hybrid stack's Gated DeltaNet layers have none
+    make = next((c.make_mask for c in cache or () if hasattr(c, "make_mask")), None)
     return causal_mask_for(length) if make is None else make(length)

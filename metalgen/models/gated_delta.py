@@ -81,7 +81,8 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """One Gated DeltaNet layer; `cache` is a cache.LinearAttnCache (conv and recurrent state)."""
+    """One Gated DeltaNet layer; `cache` is a cache.LinearAttnCache (conv and recurrent state), or its
+    batched forms (metalgen.batch_cache.BatchLinearCache, metalgen.paged_cache.LinearRowStates)."""
 
     def __init__(self, hidden_size: int, spec: LinearAttnSpec, eps: float):
         super().__init__()
@@ -181,6 +182,11 @@ class GatedDeltaNet(nn.Module):
         s = self.spec
         B, L, _ = x.shape
         mixed, z, b, a = self._project(x)
+        real = cache.real_columns(L) if hasattr(cache, "real_columns") else None
+        if real is not None:
+            # rows prefilled together (metalgen.batch_cache.BatchLinearCache): zeros at a row's left padding
+            # leave its states as a fresh sequence's
+            mixed = mixed * real[..., None].astype(mixed.dtype)
         if L == 1 and cache is not None and s.conv_kernel > 1:
             o = self.norm(self._step(mixed, b, a, cache), z).reshape(B, L, s.value_dim)
             return self.out_proj(o)

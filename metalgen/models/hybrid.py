@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten
 
 from ..cache import KVCache, LinearAttnCache
 from ..errors import MetalgenError
-from .decoder import CausalLM, DecoderModel, DecoderSpec, attend
+from .decoder import CausalLM, DecoderModel, DecoderSpec, attend, rope_offset
 from .gated_delta import GatedDeltaNet, LinearAttnSpec
 from .layers import MLP, Linear, RMSNorm, fuse_parts, split_last, unfuse_parts
 from .moe import SparseMoeBlock
@@ -155,7 +155,7 @@ class GatedAttention(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         q, k, v, gate = self.project(x)
-        offset = cache.offset if cache is not None else 0
+        offset = rope_offset(cache)  # a batch's rows each turn at their own position
         q, k = self.turn(q, offset), self.turn(k, offset)
         return self.output(attend(q, k, v, self.scale, mask, cache), gate)
 

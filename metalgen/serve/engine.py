@@ -1,11 +1,11 @@
 """The server's generation engine, on a worker thread. With `max_batch` above 1 requests
 join a running batch as they arrive (metalgen.batch: one forward pass a token for every request in it)
-and leave it when they finish or their client goes away. With `max_batch` 1, or a model that cannot be
-batched yet (hybrid Gated DeltaNet stacks), requests run one at a time (the default: on the fast decode
-path, which serves one sequence) on one prompt cache that each
+and leave it when they finish or their client goes away. With `max_batch` 1 requests run one at a time
+(the default: on the fast decode path, which serves one sequence) on one prompt cache that each
 request trims to the prefix it shares with the one before (a chat's earlier turns, a shared system
 prompt), so only the rest is prefilled (docs/serve.md). A batch finds the longest prefix of each prompt in a
-prefix cache of earlier requests' KV (metalgen.prefix_cache), bounded by `prefix_cache_gb`."""
+prefix cache of earlier requests' KV (metalgen.prefix_cache), bounded by `prefix_cache_gb` (for a hybrid Gated
+DeltaNet stack, with snapshots of its states where prompts and sequences end)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from ..batch import BatchGenerator, check_batchable
+from ..batch import BatchGenerator
 from ..chat import ReusedCache
 from ..errors import MetalgenError
 from ..generate import TokenText, stream_generate
@@ -133,11 +133,6 @@ class Engine:
         # prompt tokens run through the model so far (cached prefixes and the prompt shared by a request's n
         # choices not counted): in batches past, and in the running one (its generator counts)
         self._prefilled = 0
-        if max_batch > 1:
-            try:
-                check_batchable(model)
-            except MetalgenError:
-                self.max_batch = 1  # one request at a time, as before batching
         if not prefix_cache_gb >= 0:
             raise MetalgenError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
         self.prefix_cache = (PrefixCache(int(prefix_cache_gb * 2**30)) if self.max_batch > 1 and prefix_cache_gb > 0
