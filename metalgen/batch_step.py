@@ -12,6 +12,11 @@ The halves are traced for each batch size met (MLX keys a trace by its input sha
 kernels_metal.GEMV_MAX_ROWS rows: at fewer rows the products may be custom GEMV kernels, which check
 themselves eagerly on first use, which a trace cannot do; those steps run the layers as they are. A
 sparse (MoE) layer's feed-forward half stays untraced for the same reason (its routing kernels).
+
+A hybrid stack's layers split the same way: a Gated DeltaNet layer around its conv-and-delta-rule step
+(one kernels_metal.gated_delta_conv_step launch over the rows' states, untraced: it checks itself eagerly
+too), a gated attention layer around the paged cache; the output gate (z, or the attention's gate) goes
+from the first half to the second.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import mlx.core as mx
 import kernels_metal as K
 
 from .models.decoder import DecoderLayer
+from .models.hybrid import HybridLayer
 from .models.layers import MLP
 from .models.rope import RoPE
 from .paged_cache import PagedBatchCache
@@ -45,7 +51,7 @@ class BatchStep:
                 h = layer(h, None, c)
                 continue
             before, middle, after = halves
-            h = after(h, middle(c, *before(h, cache.positions)))
+            h = after(h, *middle(c, *before(h, cache.positions)))
         return inner.norm(h)
 
 
@@ -58,9 +64,12 @@ def _fused_rope(attn) -> bool:
 
 def _halves(layer) -> Optional[Tuple]:
     """(before, middle, after) of a decoder layer, before and after traced (None for a layer of another kind:
-    it runs as it is). Where the layer allows it (_fused_rope), `before` ends at the q/k/v projections and
-    `middle` is the paged cache's qk_rope_store + attention (two launches for the norms, RoPE, the cache
-    write and attention); otherwise `before` runs through RoPE and `middle` is the cache's own attend."""
+    it runs as it is); `middle` returns what `after` takes past h. Where the layer allows it (_fused_rope),
+    `before` ends at the q/k/v projections and `middle` is the paged cache's qk_rope_store + attention (two
+    launches for the norms, RoPE, the cache write and attention); otherwise `before` runs through RoPE and
+    `middle` is the cache's own attend."""
+    if type(layer) is HybridLayer:
+        return _hybrid_halves(layer)
     if type(layer) is not DecoderLayer:
         return None
     attn = layer.self_attn
@@ -72,17 +81,58 @@ def _halves(layer) -> Optional[Tuple]:
             return attn.projections(layer.input_layernorm(h))
 
         def middle(c, q, k, v):
-            return c.attend_projected(q, k, v, *norms, attn._rope.table, attn.scale)
+            return (c.attend_projected(q, k, v, *norms, attn._rope.table, attn.scale),)
     else:
         def before(h, positions):
             # h (B, 1, hidden), positions (B,) int32 -> q, k turned, v: (B, heads, 1, D)
             return attn.project(layer.input_layernorm(h), positions)
 
         def middle(c, q, k, v):
-            return c.attend(q, k, v, attn.scale)
+            return (c.attend(q, k, v, attn.scale),)
 
     def after(h, o):
         h = h + attn.output(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
+    return _traced(layer, before, middle, after)
+
+
+def _hybrid_halves(layer) -> Tuple:
+    """(before, middle, after) of a hybrid stack's layer: a Gated DeltaNet layer around its step over the
+    rows' states, a gated attention layer around the paged cache; each carries its output gate through."""
+    if "linear_attn" in layer:
+        lin = layer.linear_attn
+
+        def before(h, positions):
+            # h (B, 1, hidden) -> mixed q|k|v (B, 1, conv_dim), z (B, 1, Hv, Dv), b, a (B, 1, Hv)
+            return lin.project(layer.input_layernorm(h))
+
+        def middle(c, mixed, z, b, a):
+            return lin.step(mixed, b, a, c), z
+
+        def mix(o, z):
+            return lin.output(o, z)
+    else:
+        attn = layer.self_attn
+
+        def before(h, positions):
+            # h (B, 1, hidden), positions (B,) -> q, k turned, v (B, heads, 1, D), gate (B, 1, heads * D)
+            q, k, v, gate = attn.project(layer.input_layernorm(h))
+            return attn.turn(q, positions), attn.turn(k, positions), v, gate
+
+        def middle(c, q, k, v, gate):
+            return c.attend(q, k, v, attn.scale), gate
+
+        def mix(o, gate):
+            return attn.output(o, gate)
+
+    def after(h, o, gate):
+        h = h + mix(o, gate)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    return _traced(layer, before, middle, after)
+
+
+def _traced(layer, before, middle, after) -> Tuple:
+    """The halves with `before` traced, and `after` where the feed-forward is a dense MLP."""
     return mx.compile(before), middle, (mx.compile(after) if isinstance(layer.mlp, MLP) else after)

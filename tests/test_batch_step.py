@@ -10,22 +10,24 @@ import numpy as np
 import pytest
 
 import kernels_metal as K
-from metalgen.batch_cache import BatchKVCache
+from metalgen.batch_cache import empty_group_caches
 from metalgen.batch_step import BatchStep, _fused_rope
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, tiny_model
 
-# heads of 16 or 32 dims: RoPE and the cache write as the layers do them; of 64: one qk_rope_store launch
-CONFIGS = {**{k: (c, False) for k, c in BATCH_CONFIGS.items()}, **{k + "-hd64": (c, True) for k, c in BATCH_CONFIGS_HD64.items()}}
+# heads of 16 or 32 dims: RoPE and the cache write as the layers do them; of 64: one qk_rope_store launch;
+# hybrid stacks (fused: None): Gated DeltaNet and gated attention layers, each split around its cache
+CONFIGS = {**{k: (c, False) for k, c in BATCH_CONFIGS.items()}, **{k + "-hd64": (c, True) for k, c in BATCH_CONFIGS_HD64.items()},
+           **{k: (c, None) for k, c in HYBRID_BATCH_CONFIGS.items()}}
 
 
 def prefilled(model, prompts):
     T = max(map(len, prompts))
     padding = [T - len(p) for p in prompts]
-    group = [BatchKVCache.empty(padding) for _ in model.layers]
+    group = empty_group_caches(model, padding)
     mx.eval(model(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), cache=group))
-    cache = PagedBatchCache(len(model.layers), block_size=16)
+    cache = PagedBatchCache.for_model(model, block_size=16)
     cache.join(group, list(range(len(prompts))))
     return cache
 
@@ -34,7 +36,8 @@ def prefilled(model, prompts):
 def test_traced_step_equals_the_layers_as_they_are(kind):
     config, fused = CONFIGS[kind]
     model = tiny_model(config)
-    assert all(_fused_rope(layer.self_attn) == fused for layer in model.model.layers)
+    if fused is not None:
+        assert all(_fused_rope(layer.self_attn) == fused for layer in model.model.layers)
     rng = np.random.default_rng(7)
     B = K.GEMV_MAX_ROWS + 3  # traced
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(2, 20, B)]
@@ -54,5 +57,7 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
         want = np.array(model.hidden(tokens[:, None], cache=plain.layers))
         assert got.shape == (len(rows), 1, model.spec.hidden_size)
         assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max()), (kind, s)
-    for a, b in zip(traced.layers, plain.layers):  # the same positions written
+    for a, b in zip(traced.pools, plain.pools):  # the same positions written
         assert np.allclose(np.array(a.keys), np.array(b.keys), atol=1e-5)
+    for a, b in zip(traced.states, plain.states):  # the same states left
+        assert np.allclose(np.array(a.recurrent), np.array(b.recurrent), atol=1e-5)

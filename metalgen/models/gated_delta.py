@@ -124,8 +124,8 @@ class GatedDeltaNet(nn.Module):
         or four; unchanged where they cannot be fused (layers.fuse_linears)."""
         fuse_parts(self, "in_proj", self._input_names())
 
-    def _project(self, x: mx.array) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
-        """(mixed q|k|v (B, L, conv_dim), z (B, L, Hv, Dv), b (B, L, Hv), a (B, L, Hv))."""
+    def project(self, x: mx.array) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
+        """x (B, L, hidden) -> (mixed q|k|v (B, L, conv_dim), z (B, L, Hv, Dv), b (B, L, Hv), a (B, L, Hv))."""
         s = self.spec
         B, L, _ = x.shape
         if "in_proj" in self:
@@ -162,7 +162,7 @@ class GatedDeltaNet(nn.Module):
         out = mx.conv1d(window, self.conv1d.weight.astype(mixed.dtype), groups=mixed.shape[-1])
         return nn.silu(out)
 
-    def _step(self, mixed: mx.array, b: mx.array, a: mx.array, cache) -> mx.array:
+    def step(self, mixed: mx.array, b: mx.array, a: mx.array, cache) -> mx.array:
         """One token with a cache: the conv, its state, the gates and the delta rule in one call
         (one kernel on a GPU); the first token of a fresh cache starts from zero states."""
         s = self.spec
@@ -178,18 +178,22 @@ class GatedDeltaNet(nn.Module):
         cache.offset += 1
         return o  # (B, 1, Hv, Dv)
 
+    def output(self, o: mx.array, z: mx.array) -> mx.array:
+        """The delta rule's output o (B, L, Hv, Dv), normed and gated by z, through out_proj -> (B, L, hidden)."""
+        B, L = o.shape[:2]
+        return self.out_proj(self.norm(o, z).reshape(B, L, self.spec.value_dim))
+
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         s = self.spec
         B, L, _ = x.shape
-        mixed, z, b, a = self._project(x)
+        mixed, z, b, a = self.project(x)
         real = cache.real_columns(L) if hasattr(cache, "real_columns") else None
         if real is not None:
             # rows prefilled together (metalgen.batch_cache.BatchLinearCache): zeros at a row's left padding
             # leave its states as a fresh sequence's
             mixed = mixed * real[..., None].astype(mixed.dtype)
         if L == 1 and cache is not None and s.conv_kernel > 1:
-            o = self.norm(self._step(mixed, b, a, cache), z).reshape(B, L, s.value_dim)
-            return self.out_proj(o)
+            return self.output(self.step(mixed, b, a, cache), z)
         mixed = self._conv(mixed, cache)
         q = mixed[..., :s.key_dim].reshape(B, L, s.num_key_heads, s.key_head_dim)
         k = mixed[..., s.key_dim:2 * s.key_dim].reshape(B, L, s.num_key_heads, s.key_head_dim)
@@ -202,5 +206,4 @@ class GatedDeltaNet(nn.Module):
         if cache is not None:
             cache.recurrent = state
             cache.offset += L
-        o = self.norm(o, z).reshape(B, L, s.value_dim)
-        return self.out_proj(o)
+        return self.output(o, z)
