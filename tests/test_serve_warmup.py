@@ -1,4 +1,5 @@
-"""metalgen.serve.warmup: which quantized products the server runs before it takes requests."""
+"""metalgen.serve.warmup: which quantized products the server runs before it takes requests, and the short
+batch that builds the traced step's kernels."""
 
 import mlx.core as mx
 
@@ -51,3 +52,26 @@ def test_warm_up_runs_the_products_on_cuda_only(monkeypatch):
     assert n == len(warmup.ROW_CLASSES) and [s[0] for s in shapes] == list(warmup.ROW_CLASSES)
     assert len(lines) == 2 and "minutes the first time" in lines[0] and lines[1].startswith("kernels ready")
     assert warmup.warm_up(load("dummy:tiny-qwen3")[0], lines.append) == 0
+
+
+def test_warm_batch_runs_one_traced_batch_on_cuda_when_the_server_batches_past_the_gemv_rows(monkeypatch):
+    from metalgen import batch_step
+
+    model = load("dummy:tiny-qwen3", dtype="float32")[0]
+    rows = K.GEMV_MAX_ROWS + 1
+    sizes = []
+    real = batch_step.BatchStep.hidden
+
+    def spy(self, tokens, cache):
+        sizes.append(tokens.shape[0])
+        return real(self, tokens, cache)
+
+    monkeypatch.setattr(batch_step.BatchStep, "hidden", spy)
+    lines = []
+    monkeypatch.setattr(warmup, "_on_cuda", lambda: False)
+    assert warmup.warm_batch(model, 32, lines.append) == 0 and sizes == [] and lines == []
+    monkeypatch.setattr(warmup, "_on_cuda", lambda: True)
+    assert warmup.warm_batch(model, rows - 1, lines.append) == 0 and sizes == []  # never that many rows
+    assert warmup.warm_batch(model, 32, lines.append) == rows
+    assert sizes == [rows, rows]  # two steps of every row past their first tokens: traced ones
+    assert len(lines) == 2 and lines[1].startswith("batched step ready")

@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
                         "environment variable METALGEN_API_KEY, else no key")
     p.add_argument("--no-warmup", action="store_true",
                    help="take requests at once, without first having MLX compile its quantized matmul kernels "
-                        "(on CUDA, for quantized weights; docs/serve.md)")
+                        "(on CUDA, for quantized weights) and the batched step's (on CUDA, --max-batch above 4; "
+                        "docs/serve.md)")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import load
     from ..serve.engine import Engine
     from ..serve.speech import SpeechEngine, model_kind, parse_voices
-    from ..serve.warmup import warm_up
+    from ..serve.warmup import warm_batch, warm_up
 
     if args.max_tokens < 1:
         raise MetalgenError("--max-tokens must be >= 1")
@@ -106,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
             raise MetalgenError("--codec is for a Magpie TTS model")
         model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
         if not args.no_warmup:
-            warm_up(model, lambda line: print(f"metalgen: {line}", file=sys.stderr, flush=True))
+            def say(line):
+                print(f"metalgen: {line}", file=sys.stderr, flush=True)
+
+            warm_up(model, say)
+            warm_batch(model, args.max_batch, say)
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
                         prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"

@@ -6,6 +6,11 @@ docs/kernels.md): a server that met a class mid-traffic held every request of th
 the first token of the first request on qwen3-8b-4bit; warmed up, 93.5 s before the server started, then 112
 ms). The compiled kernels stay in MLX's cache on disk for later starts. Decode steps and prompt chunks reach
 every class (a batch of B rows is B rows; a chunk of a prompt is as many rows as tokens), so all are built.
+
+A batched server's first step above kernels_metal.GEMV_MAX_ROWS rows runs the traced layer halves
+(metalgen.batch_step) for the first time, and MLX compiles their fused kernels then: 2.1 s a step for
+qwen3-0.6b and 6.1 s for qwen3.5-0.8b (H200, 2026-11-26, benchmarks/batch_step_probe.py's first arrivals),
+against 0.03-0.3 s once built. `warm_batch` runs one short batch of that size before the server starts.
 """
 
 from __future__ import annotations
@@ -55,3 +60,24 @@ def warm_up(model, say: Callable[[str], None] = lambda _: None) -> int:
         mx.eval(layer(x))
     say(f"kernels ready in {time.perf_counter() - t0:.1f} s")
     return len(products)
+
+
+def warm_batch(model, max_batch: int, say: Callable[[str], None] = lambda _: None) -> int:
+    """On CUDA, for a server that batches past kernels_metal.GEMV_MAX_ROWS rows: a batch of that many rows
+    plus one (prompts of 4 tokens, 3 tokens each) through metalgen.batch.BatchGenerator, so that the traced
+    step's kernels and the batch's own (paged attention, the row sampler) are built now. `say` as warm_up's.
+    Returns the rows run (0 when nothing was to do)."""
+    from ..batch import BatchGenerator
+
+    rows = K.GEMV_MAX_ROWS + 1
+    if not _on_cuda() or max_batch < rows:
+        return 0
+    say(f"preparing the batched step's kernels ({rows} rows)")
+    t0 = time.perf_counter()
+    gen = BatchGenerator(model, max_batch=rows)
+    for i in range(rows):
+        gen.insert([1 + i, 2, 3, 4], 3)
+    while gen.busy:
+        gen.step()
+    say(f"batched step ready in {time.perf_counter() - t0:.1f} s")
+    return rows
