@@ -15,8 +15,8 @@ about --prompt-tokens tokens, --gen-tokens tokens each) until each has sent two 
 (the first run of a level meets batch sizes and shapes the server has not built kernels for). Reported per
 level: aggregate completion tokens/s (all tokens over the level's wall time), the time to first token
 p50 / p99, and each stream's decode rate. With --chat-tokens, a two-turn chat (a prompt of that many
-tokens, then the same conversation plus the reply and a new question, after a warm-up conversation of
-the same length) measures each turn's time to first token: the second turn's prefix is what a prefix
+tokens, then the same conversation plus the reply and a new question, after a warm-up conversation (both
+turns) of the same length) measures each turn's time to first token: the second turn's prefix is what a prefix
 cache reuses.
 
 Writes DIR/serve_load.jsonl (one object a level and engine), DIR/serve_load.md (the tables) and
@@ -156,15 +156,18 @@ async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     # one token a turn, its whole latency the time to first token: a random model's first pieces may be
     # whitespace that a server holds back (a thinking block could still open), which would blur a TTFT
     body = {"model": name, "max_tokens": 1, "temperature": 0.0}
-    # a first conversation of the same length warms the server (kernels for a prompt this long are built on
-    # first use); then the measured one: its first turn cold, its second turn after the first
+    # the reply's text is not needed for timing: the second turn appends a fixed assistant message
+    turn2 = [{"role": "assistant", "content": "It lists places and things."},
+             {"role": "user", "content": "Name three of them."}]
+    # a first conversation of the same length, both turns, warms the server (kernels for a prompt this long,
+    # and for a short one after a long cached prefix, are built on first use); then the measured one: its
+    # first turn cold, its second turn after the first
     warm = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
     await request(port, "/v1/chat/completions", dict(body, messages=warm))
+    await request(port, "/v1/chat/completions", dict(body, messages=warm + turn2))
     first = [{"role": "user", "content": prompt_text(rng, chat_tokens) + "\nSummarize that."}]
     t1 = (await request(port, "/v1/chat/completions", dict(body, messages=first)))["end"]
-    # the reply's text is not needed for timing: the second turn appends a fixed assistant message
-    second = first + [{"role": "assistant", "content": "It lists places and things."},
-                      {"role": "user", "content": "Name three of them."}]
+    second = first + turn2
     t2 = (await request(port, "/v1/chat/completions", dict(body, messages=second)))["end"]
     return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
 
