@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
+from .cache import LinearAttnCache
 from .errors import MetalgenError
 
 
@@ -107,14 +108,9 @@ class BatchKVCache:
         """Keep only the rows `keep` (indices, in the order given), and drop the left columns that are
         padding in every row kept. Returns how many columns were dropped: of rows still being prefilled
         only those already written go (the rest of their padding is yet to come, and stays in `padding`)."""
-        keep = [int(i) for i in keep]
-        if not keep:
-            raise MetalgenError("a batched KV cache must keep at least one row (drop the cache instead)")
-        if keep != list(range(self.size)) and self.keys is not None:
-            idx = mx.array(keep, mx.int32)
+        idx, padding, shared = _filter_plan(keep, self.padding, self.offset, "KV cache")
+        if idx is not None and self.keys is not None:
             self.keys, self.values = self.keys[idx], self.values[idx]
-        padding = [self.padding[i] for i in keep]
-        shared = min(min(padding), self.offset)
         if shared:
             self.keys = self.keys[..., shared:, :]
             self.values = self.values[..., shared:, :]
@@ -134,7 +130,7 @@ class BatchKVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-class BatchLinearCache:
+class BatchLinearCache(LinearAttnCache):
     """The states of one Gated DeltaNet layer for B rows prefilled together: the conv's last taps
     (B, kernel - 1, conv_dim) and the recurrent state (B, value_heads, key_head_dim, value_head_dim) float32,
     as cache.LinearAttnCache holds them for one sequence.
@@ -146,8 +142,7 @@ class BatchLinearCache:
     """
 
     def __init__(self, padding: Sequence[int], offset: int = 0):
-        self.conv_state: Optional[mx.array] = None
-        self.recurrent: Optional[mx.array] = None
+        super().__init__()
         self.offset = int(offset)  # columns fed so far (GatedDeltaNet advances it)
         self.padding: List[int] = [int(p) for p in padding]
 
@@ -173,26 +168,24 @@ class BatchLinearCache:
         """Keep only the rows `keep` (in the order given) and forget the left columns that are padding in
         every row kept, as BatchKVCache.filter does (the states hold no columns: only the count moves).
         Returns how many columns were dropped."""
-        keep = [int(i) for i in keep]
-        if not keep:
-            raise MetalgenError("a batched Gated DeltaNet cache must keep at least one row (drop the cache instead)")
-        if keep != list(range(self.size)) and self.recurrent is not None:
-            idx = mx.array(keep, mx.int32)
+        idx, padding, shared = _filter_plan(keep, self.padding, self.offset, "Gated DeltaNet cache")
+        if idx is not None and self.recurrent is not None:
             self.conv_state, self.recurrent = self.conv_state[idx], self.recurrent[idx]
-        padding = [self.padding[i] for i in keep]
-        shared = min(min(padding), self.offset)
         self.offset -= shared
         self.padding = [p - shared for p in padding]
         return shared
 
-    @property
-    def state(self) -> List[mx.array]:
-        """The arrays to evaluate to materialize this cache."""
-        return [a for a in (self.conv_state, self.recurrent) if a is not None]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
+def _filter_plan(keep: Sequence[int], padding: Sequence[int], offset: int, what: str):
+    """What a group's cache keeps of its rows (`filter`): the rows' int32 indices (None where every row stays,
+    in order), the kept rows' padding, and the left columns that are padding in every kept row and were fed
+    (the ones to forget)."""
+    keep = [int(i) for i in keep]
+    if not keep:
+        raise MetalgenError(f"a batched {what} must keep at least one row (drop the cache instead)")
+    idx = None if keep == list(range(len(padding))) else mx.array(keep, mx.int32)
+    kept = [padding[i] for i in keep]
+    return idx, kept, min(min(kept), offset)
 
 
 def empty_group_caches(model, padding: Sequence[int]) -> List:

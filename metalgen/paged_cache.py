@@ -28,6 +28,7 @@ import numpy as np
 import kernels_metal as K
 
 from .batch_cache import BatchLinearCache
+from .cache import LinearAttnCache
 from .errors import MetalgenError
 
 BLOCK_SIZE = 32  # positions a block; one of kernels_metal.PAGED_BLOCK_SIZES
@@ -98,17 +99,12 @@ class PagedKVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-class LinearRowStates:
+class LinearRowStates(LinearAttnCache):
     """One Gated DeltaNet layer's states for the running batch, a row each: the conv's last taps
     (B, kernel - 1, conv_dim) and the recurrent state (B, value_heads, key_head_dim, value_head_dim), which
     the layer's decode step replaces (models/gated_delta.py). Rows join with the states their prefill
     left (`join`) and leave by a gather of the others (`keep`): a few MB a layer, against a whole sequence's
     KV for an attention layer."""
-
-    def __init__(self):
-        self.conv_state: Optional[mx.array] = None
-        self.recurrent: Optional[mx.array] = None
-        self.offset = 0  # steps taken (the layer counts them; rows' own lengths are the table's)
 
     def join(self, group: BatchLinearCache, at: mx.array) -> None:
         """Append rows `at` (int32 indices, a row possibly twice) of a prefilled group's states."""
@@ -122,14 +118,6 @@ class LinearRowStates:
     def keep(self, keep: mx.array) -> None:
         """Keep only the rows `keep` (int32 indices, in that order)."""
         self.conv_state, self.recurrent = self.conv_state[keep], self.recurrent[keep]
-
-    @property
-    def state(self) -> List[mx.array]:
-        return [a for a in (self.conv_state, self.recurrent) if a is not None]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
 
 
 class PagedBatchCache:
