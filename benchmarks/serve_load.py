@@ -73,13 +73,14 @@ def write_checkpoint(model: str, folder: Path) -> Path:
     return folder
 
 
-def start(engine: str, folder: Path, port: int, max_batch: int, log) -> subprocess.Popen:
-    """Start a server; `engine` is metalgen or mlx_lm, with "@N" for a max batch of N (else max_batch)."""
+def start(engine: str, folder: Path, port: int, max_batch: int, log, profile: Optional[Path] = None) -> subprocess.Popen:
+    """Start a server; `engine` is metalgen or mlx_lm, with "@N" for a max batch of N (else max_batch); a
+    metalgen server writes its JSONL trace to `profile` if given."""
     engine, _, batch = engine.partition("@")
     max_batch = int(batch or max_batch)
     if engine == "metalgen":
         cmd = [sys.executable, "-m", "metalgen", "serve", "--model", str(folder), "--port", str(port),
-               "--max-batch", str(max_batch)]
+               "--max-batch", str(max_batch)] + (["--profile", str(profile)] if profile else [])
     else:
         cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
                "--decode-concurrency", str(max_batch), "--prompt-concurrency", str(min(max_batch, 8))]
@@ -238,6 +239,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each level; the last is reported")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--profile", action="store_true",
+                    help="metalgen servers write a JSONL trace (OUT/trace_<engine>.jsonl: prefill chunks, decode "
+                         "steps, readbacks, each step's delivery of tokens)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,7 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for engine in args.engines.split(","):
             port = free_port()
             with open(out / f"server_{engine.replace('@', '_b')}.log", "w") as log:
-                proc = start(engine, folder, port, args.max_batch, log)
+                trace = out / f"trace_{engine.replace('@', '_b')}.jsonl" if args.profile else None
+                proc = start(engine, folder, port, args.max_batch, log, trace)
                 try:
                     wait_ready(port, proc)
                     asyncio.run(level(port, str(folder), 1, 16, 8, args.seed))  # warm-up: kernels built, first graphs made

@@ -348,3 +348,29 @@ def test_a_hybrid_models_n_choices_prefill_the_prompt_once(max_batch):
             assert delta == 1 and one.usage.prompt_tokens_details.cached_tokens == n_ids - 1
             alone.append(one.choices[0].logprobs.tokens)
         assert [c.logprobs.tokens for c in r.choices] == alone and len(set(map(tuple, alone))) > 1
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_profiled_engine_traces_its_generation(max_batch):
+    """`metalgen serve --profile`: the engine's tracer gets the generation's phases; batched, also each step's
+    delivery of its tokens (as many rows as the batch held)."""
+    import io
+
+    from profiling import Tracer
+
+    model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
+    buf = io.StringIO()
+    engine = Engine(model, tok, NAME, decode="reference", max_batch=max_batch, tracer=Tracer(buf))
+    with live_server(make_app(engine, 16)) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda p: client.completions.create(model=NAME, prompt=p, max_tokens=5, temperature=0),
+                          ["One prompt", "And another one"]))
+    events = [json.loads(line) for line in buf.getvalue().splitlines()]
+    phases = {e["phase"] for e in events}
+    assert {"prefill", "readback"} <= phases
+    delivered = [e["rows"] for e in events if e["phase"] == "deliver"]
+    if max_batch == 1:
+        assert not delivered
+    else:
+        assert "decode_step" in phases and sum(delivered) == 10 and max(delivered) <= 2

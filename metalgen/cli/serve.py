@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
                    help="take requests at once, without first having MLX compile its quantized matmul kernels "
                         "(on CUDA, for quantized weights) and the batched step's (on CUDA, --max-batch above 4; "
                         "docs/serve.md)")
+    p.add_argument("--profile", metavar="TRACE.jsonl", default=None,
+                   help="write a JSONL trace of the generation's phases: prefill chunks, decode steps, readbacks "
+                        "and, batched, each step's delivery of its tokens (`python -m profiling summarize`)")
     p.add_argument("--verbose", action="store_true", help="log every request and the kernel choices")
 
 
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise MetalgenError(f"metalgen serve needs its extra ({e.name} is missing): pip install 'metalgen[serve]'")
     import kernels_metal
+    import profiling
 
     from ..api import load
     from ..serve.engine import Engine
@@ -112,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
 
             warm_up(model, say)
             warm_batch(model, args.max_batch, say)
+        tracer = profiling.make_tracer(args.profile)
+        tracer.meta(model=args.model, backend=kernels_metal.backend(), max_batch=args.max_batch)
         engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
-                        prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue)
+                        prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue, tracer=tracer)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:

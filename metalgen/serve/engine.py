@@ -17,6 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from profiling import NULL_TRACER
+
 from ..batch import BatchGenerator
 from ..chat import ReusedCache
 from ..errors import MetalgenError
@@ -121,7 +123,7 @@ class Engine:
     requests' KV, 0 for none). `admit` refuses a request while `max_queue` jobs wait already (InFlight)."""
 
     def __init__(self, model, tokenizer, name: str, decode=None, prefill_step_size: int = 512, max_batch: int = 1,
-                 prefix_cache_gb: float = 1.0, max_queue: Optional[int] = DEFAULT_MAX_QUEUE):
+                 prefix_cache_gb: float = 1.0, max_queue: Optional[int] = DEFAULT_MAX_QUEUE, tracer=NULL_TRACER):
         if max_batch < 1:
             raise MetalgenError(f"--max-batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -129,6 +131,9 @@ class Engine:
         self.prefill_step_size = prefill_step_size
         self.decode = decode
         self.max_batch = max_batch
+        # the generation's spans (prefill chunks, decode steps, readbacks) and, batched, each round's handling of
+        # the tokens ("deliver": detokenizing and the handlers' events); the worker thread alone writes them
+        self.tracer = tracer
         self.peak_batch = 0  # the most requests decoded together so far
         # prompt tokens run through the model so far (cached prefixes and the prompt shared by a request's n
         # choices not counted): in batches past, and in the running one (its generator counts)
@@ -265,6 +270,11 @@ class Engine:
             return
         responses = gen.step()
         self.peak_batch = max(self.peak_batch, len(responses))
+        with self.tracer.span("deliver", rows=len(responses), sync=False):
+            self._deliver(gen, running, responses)
+
+    def _deliver(self, gen: BatchGenerator, running: Dict[int, "_Running"], responses) -> None:
+        """A step's tokens to their jobs: logprob events, text (stop strings held back), ends."""
         for resp in responses:
             r = running[resp.uid]
             r.generated += 1
@@ -295,7 +305,7 @@ class Engine:
 
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size,
-                              prefix_cache=self.prefix_cache)
+                              prefix_cache=self.prefix_cache, tracer=self.tracer)
 
     def _arrivals(self, block: bool) -> List[Job]:
         """The jobs queued since the last step (waiting for one when the batch is idle)."""
@@ -356,7 +366,7 @@ class Engine:
             for r in stream_generate(self.model, self.tokenizer, new, max_tokens=req.max_tokens, sampler=sampler,
                                      logits_processors=processors, stop_strings=req.stop,
                                      prefill_step_size=self.prefill_step_size, prompt_cache=self.reused.cache,
-                                     top_logprobs=req.top_logprobs if req.logprobs else 0):
+                                     top_logprobs=req.top_logprobs if req.logprobs else 0, tracer=self.tracer):
                 out.append(r.token)
                 self._put_token(job, r.token, r.logprob, r.top_logprobs)
                 if r.text:
