@@ -172,7 +172,9 @@ def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_p
     k_weight (D,) where not None (Qwen3), turned by RoPE (`table`: the model's RopeTable, its dims D) at
     positions (B,) int32; row b's key and value heads written at slot slots[b] (B,) int32 of the pools
     k_pool, v_pool (slots, Hkv, D). Returns (q (B, Hq, 1, D), k_pool, v_pool): the pools to use from now on
-    (on a GPU the same memory, written in place and ordered after the write; elsewhere new arrays)."""
+    (on a GPU the same memory, written in place and ordered after the write; elsewhere new arrays).
+    k and v None: q is one fused projection (B, (Hq + 2 Hkv) * D) of the queries, keys and values, in that
+    order (a batch step's single q/k/v matmul), read in place."""
     return _impl_for("qk_rope_store").qk_rope_store(q, k, v, q_weight, k_weight, float(eps), table, positions,
                                                     slots, k_pool, v_pool)
 

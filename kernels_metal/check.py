@@ -165,20 +165,23 @@ def c_paged_attn(lengths, Hkv, G, D, bs=32, nsplit=None):
 
 
 @case
-def c_qk_store(B, Hq, Hkv, D, norms=True):
+def c_qk_store(B, Hq, Hkv, D, norms=True, fused=False):
     # a batch's step between its projections and attention: against what the layers do with MLX's ops
-    # (two norms, two RoPEs, two scatters into the pools)
+    # (two norms, two RoPEs, two scatters into the pools); fused: q, k, v read from one projection
     table = K.rope_table(_inv(D), 40960)
     q, k, v = rnd((B, 1, Hq * D)), rnd((B, 1, Hkv * D)), rnd((B, 1, Hkv * D))
+    qkv = mx.concatenate([q, k, v], axis=-1)
+    mx.eval(qkv)
     qw, kw = (rnd((D,)) + 1, rnd((D,)) + 1) if norms else (None, None)
     pos = mx.array(np.random.default_rng(B).integers(0, 4000, B).astype(np.int32))
     slots = mx.array(np.random.default_rng(B + 1).permutation(4 * B)[:B].astype(np.int32))
     kp, vp = rnd((4 * B, Hkv, D)), rnd((4 * B, Hkv, D))
     want = ref.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
     mx.eval(want)
-    got = gpu.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    args = (qkv, None, None) if fused else (q, k, v)
+    got = gpu.qk_rope_store(*args, qw, kw, 1e-6, table, pos, slots, kp, vp)
     err = max(relerr(a, b) for a, b in zip(got, want))
-    t = bench(lambda: gpu.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)[0])
+    t = bench(lambda: gpu.qk_rope_store(*args, qw, kw, 1e-6, table, pos, slots, kp, vp)[0])
 
     def layers():
         qh, kh = q.reshape(B, 1, Hq, D), k.reshape(B, 1, Hkv, D)
@@ -193,7 +196,8 @@ def c_qk_store(B, Hq, Hkv, D, norms=True):
         return qh, kp2, vp2
 
     tm = bench(layers)
-    record("qk_rope_store", f"B{B} Hq{Hq} Hkv{Hkv} D{D}" + ("" if norms else " no-norm"), err, 1e-2, t, tm,
+    record("qk_rope_store", f"B{B} Hq{Hq} Hkv{Hkv} D{D}" + ("" if norms else " no-norm") + (" fused" if fused else ""),
+           err, 1e-2, t, tm,
            2 * (q.nbytes + k.nbytes + v.nbytes), "norm+rope+scatter")
 
 
@@ -515,7 +519,9 @@ def main(argv=None):
         c_paged_attn([5, 3000, 17], 2, 7, 64, 32, nsplit=6)
         for B in (8, 32, 64):
             c_qk_store(B, 16, 8, 128)
+        c_qk_store(32, 16, 8, 128, fused=True)
         c_qk_store(32, 14, 2, 64, norms=False)
+        c_qk_store(32, 14, 2, 64, norms=False, fused=True)
     if want("gemv"):
         shapes = [(896, 896), (896, 4864), (4864, 896), (1024, 3072), (2560, 9728), (9728, 2560), (1024, 151936)]
         if q:

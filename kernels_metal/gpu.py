@@ -58,8 +58,9 @@ def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
 # benchmarks/results/kernels_h200_2026-11-21/kernels_h200_run1.txt holds the figures.
 ATTN_CUSTOM_MIN_LENGTH = 16384
 ALWAYS_CUSTOM = frozenset({"sample", "mrope", "paged_decode_attention", "qk_rope_store", "linear", "quantized_linear", "moe_route", "moe_experts", "moe_pack",
-                           "gated_delta", "gated_delta_conv_step", "kv_store"})
-# (linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
+                           "gated_delta", "gated_delta_conv_step", "kv_store", "add_rms_norm"})
+# (add_rms_norm is one launch where MLX's ops are two, an add and a norm: a batch's step, bound by launches,
+# is its user; linear, quantized_linear, moe_experts and gated_delta choose a kernel or a built-in inside; the gated
 # delta rule has no built-in: its decode step is the kernel, a prompt the chunked form, whose scan over
 # chunks is the gated_delta_scan kernel)
 
@@ -166,8 +167,10 @@ _GPU_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
 
 @functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1024)
 def _i32(*v):
-    # small parameter arrays are cached: the shapes of a model's layers repeat every step
+    # small parameter arrays are cached: the shapes of a model's layers repeat every step, and a batch's step
+    # would otherwise make two a layer (an allocation each, on the host's side of the step)
     return mx.array(list(v), dtype=mx.int32)
 
 
@@ -356,20 +359,28 @@ def qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_p
     later reader is ordered after it."""
     Hkv, D = k_pool.shape[1], k_pool.shape[2]
     B = positions.shape[0]
-    Hq = q.size // (B * D)
+    fused = k is None  # q is the (B, (Hq + 2 Hkv) D) projection of all three
+    Hq = q.size // (B * D) - (2 * Hkv if fused else 0)
 
     def fb():
         return ref.qk_rope_store(q, k, v, q_weight, k_weight, eps, table, positions, slots, k_pool, v_pool)
 
     dt = k_pool.dtype
-    if (dt not in _GPU_DTYPES or q.dtype != dt or k.dtype != dt or v.dtype != dt or v_pool.dtype != dt
-            or D % 64 or D != table.dims or positions.dtype != mx.int32 or slots.dtype != mx.int32):
+    if (dt not in _GPU_DTYPES or q.dtype != dt or (not fused and (k.dtype != dt or v.dtype != dt))
+            or v_pool.dtype != dt or D % 64 or D != table.dims or positions.dtype != mx.int32
+            or slots.dtype != mx.int32):
         return fb()
     qkn = q_weight is not None
     qw = q_weight if qkn else mx.zeros((D,), dt)
     kw = k_weight if qkn else qw
     warps = B * (Hq + 2 * Hkv)
-    inputs = [q, k, v, qw, kw, table.cos, table.sin, positions, slots, k_pool, v_pool, _i32(B, Hq, Hkv), _f32(eps)]
+    QD, KD = Hq * D, Hkv * D
+    if fused:  # row strides and each part's offset in the one projection
+        k = v = q
+        strides = _i32(B, Hq, Hkv, QD + 2 * KD, QD + 2 * KD, QD + 2 * KD, 0, QD, QD + KD)
+    else:
+        strides = _i32(B, Hq, Hkv, QD, KD, KD, 0, 0, 0)
+    inputs = [q, k, v, qw, kw, table.cos, table.sin, positions, slots, k_pool, v_pool, strides, _f32(eps)]
 
     def launch():
         qo, sync = kernel("qk_rope_store")(

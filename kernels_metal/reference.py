@@ -247,9 +247,14 @@ def qk_rope_store(q, k, v, q_weight, k_weight, eps: float, table, positions, slo
     (any leading shape of B rows); each head of q and k RMS-normed by q_weight / k_weight (D,) where given
     (rounded to the input dtype, as a norm's output), then turned by RoPE at its row's position
     positions[b] (rotate_half, from `table`). Returns (q (B, Hq, 1, D), k_pool, v_pool) with row b's key and
-    value heads written at slot slots[b] of the pools (slots, Hkv, D): new arrays, the inputs left alone."""
+    value heads written at slot slots[b] of the pools (slots, Hkv, D): new arrays, the inputs left alone.
+    k and v None: q is the fused projection (B, (Hq + 2 Hkv) * D), its queries, keys and values in that order."""
     Hkv, D = k_pool.shape[1], k_pool.shape[2]
     B = positions.shape[0]
+    if k is None:
+        # (B, ..., (Hq + 2 Hkv) D) -> (B, Hq + 2 Hkv, D): queries, then keys, then values
+        heads = q.reshape(B, -1, D)
+        q, k, v = heads[:, : -2 * Hkv], heads[:, -2 * Hkv : -Hkv], heads[:, -Hkv:]
     qh = q.reshape(B, -1, D)
     kh = k.reshape(B, Hkv, D)
     vh = v.reshape(B, Hkv, D)

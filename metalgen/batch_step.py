@@ -8,6 +8,13 @@ spares the Python of every module call. Before the cache: the norm, q/k/v projec
 at each row's position (an int32 array: one trace serves every step of a batch size). Then the paged
 cache's write and attention kernel, as they are. After: o_proj, the residual, the norm and the MLP.
 
+Fewer launches a layer, since each costs the host ~10 us whatever its size: a dense stack's layers read
+their q/k/v and gate/up projections as one product each, through views of the stacked weights (the
+rows of a layer's q, k and v are consecutive there: metalgen.decode.stacked, the single-sequence paths'
+own layout, built once for both), and qk_rope_store reads q, k and v in place from the one projection;
+each residual add goes with the norm after it (kernels_metal.add_rms_norm: one launch for two), the MLP's
+add deferred to the next layer's input norm (or the final norm). 15 launches a layer become 9.
+
 The halves are traced for each batch size met (MLX keys a trace by its input shapes) and only above
 kernels_metal.GEMV_MAX_ROWS rows: at fewer rows the products may be custom GEMV kernels, which check
 themselves eagerly on first use, which a trace cannot do; those steps run the layers as they are. A
@@ -21,17 +28,37 @@ from the first half to the second.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 import kernels_metal as K
 
 from .models.decoder import DecoderLayer
 from .models.hybrid import HybridLayer
-from .models.layers import MLP
+from .models.layers import MLP, linear_like, split_last
 from .models.rope import RoPE
 from .paged_cache import PagedBatchCache
+
+
+class _Chained(NamedTuple):
+    """A decoder layer's halves passing its residual on: `first(h, positions)` or, with the previous layer's
+    MLP output still to add, `next(h, delta, positions)` -> (h, what `middle` takes); `middle(cache, ...)`;
+    `after(h, ...)` -> (h, its MLP output, to add in the next layer)."""
+
+    first: Callable
+    next: Callable
+    middle: Callable
+    after: Callable
+
+
+class _Split(NamedTuple):
+    """A layer's halves with its residual added in `after`: h = after(h, *middle(cache, *before(h, positions)))."""
+
+    before: Callable
+    middle: Callable
+    after: Callable
 
 
 class BatchStep:
@@ -39,20 +66,34 @@ class BatchStep:
 
     def __init__(self, model):
         self.model = model
-        self.halves: List[Optional[Tuple]] = [_halves(layer) for layer in model.model.layers]
+        # per layer (q/k/v, gate/up) as one product each (a dense stack), else None
+        self.fused = _fused_projections(model)
+        self.halves: List[Optional[tuple]] = [_halves(layer, self.fused[i] if self.fused else None)
+                                              for i, layer in enumerate(model.model.layers)]
+        if any(isinstance(hv, _Chained) for hv in self.halves):
+            _prime_add_rms_norm(model.model)
 
     def hidden(self, tokens: mx.array, cache: PagedBatchCache) -> mx.array:
         """tokens (B,) int32 -> (B, 1, hidden); writes each row's next position (cache.begin_step first)."""
         inner = self.model.model
         h = inner.embed_tokens(tokens[:, None])  # (B, 1, hidden)
         traced = tokens.shape[0] > K.GEMV_MAX_ROWS
+        positions = cache.positions
+        delta = None  # the last chained layer's MLP output, not yet added to h
         for layer, halves, c in zip(inner.layers, self.halves, cache.layers):
+            if isinstance(halves, _Chained) and traced:
+                h, *mid = halves.first(h, positions) if delta is None else halves.next(h, delta, positions)
+                h, delta = halves.after(h, *halves.middle(c, *mid))
+                continue
+            if delta is not None:
+                h, delta = h + delta, None
             if halves is None or not traced:
                 h = layer(h, None, c)
-                continue
-            before, middle, after = halves
-            h = after(h, *middle(c, *before(h, cache.positions)))
-        return inner.norm(h)
+            else:
+                h = halves.after(h, *halves.middle(c, *halves.before(h, positions)))
+        if delta is None:
+            return inner.norm(h)
+        return K.add_rms_norm(delta, h, inner.norm.weight, inner.norm.eps)[0]
 
 
 def _fused_rope(attn) -> bool:
@@ -62,42 +103,103 @@ def _fused_rope(attn) -> bool:
     return isinstance(rope, RoPE) and rope.table.dims == attn.head_dim and attn.head_dim % 64 == 0
 
 
-def _halves(layer) -> Optional[Tuple]:
-    """(before, middle, after) of a decoder layer, before and after traced (None for a layer of another kind:
-    it runs as it is); `middle` returns what `after` takes past h. Where the layer allows it (_fused_rope),
-    `before` ends at the q/k/v projections and `middle` is the paged cache's qk_rope_store + attention (two
-    launches for the norms, RoPE, the cache write and attention); otherwise `before` runs through RoPE and
-    `middle` is the cache's own attend."""
+def _fused_projections(model) -> Optional[List[Tuple]]:
+    """Per layer (its q/k/v projection, its gate/up projection) as single layers over views of the stacked
+    weights (metalgen.decode.path.stacked_weights, which also points the model's own q/k/v and gate/up at
+    views of the same arrays: nothing is held twice), for a dense stack the stacked paths take; else None."""
+    from .decode.path import stacked_weights
+    from .decode.stacked import unsupported_reason
+
+    spec = model.spec
+    if spec.moe is not None or spec.hybrid is not None or unsupported_reason(model) is not None:
+        return None
+    w = stacked_weights(model)
+    like = model.model.layers[0].self_attn.q_proj
+    out = []
+    for i in range(w.layers):
+        # a layer's slice of a stack: `[i, ...]` is a view, where a bare integer index would gather a copy
+        qkv = {"weight": w.wqkv[i, ...]}
+        gate_up = {"weight": w.wgu[i, ...].reshape(-1, w.wgu.shape[-1])}  # (2, I, H') -> (2I, H'): gate rows, up rows
+        if w.quant is not None:
+            for name, key in (("scales", 0), ("biases", 1)):
+                qkv[name] = w.quant.params["wqkv"][key][i, ...]
+                gu = w.quant.params["wgu"][key]
+                gate_up[name] = gu[i, ...].reshape(-1, gu.shape[-1])
+        if w.has_bias:
+            qkv["bias"] = w.bqkv[i, ...]
+        out.append((linear_like(like, qkv), linear_like(like, gate_up)))
+    return out
+
+
+def _prime_add_rms_norm(inner) -> None:
+    """kernels_metal.add_rms_norm's first use, eagerly: a kernel checks itself then, which a trace cannot do."""
+    norm = inner.norm
+    x = mx.zeros((1, 1, norm.weight.shape[0]), inner.layers[0].input_layernorm.weight.dtype)
+    mx.eval(K.add_rms_norm(x, x, norm.weight, norm.eps))
+
+
+def _halves(layer, fused: Optional[Tuple]) -> Optional[tuple]:
+    """The halves of a layer (None for a layer of another kind: it runs as it is): a decoder layer's
+    chained (_dense_halves), a hybrid stack's split (_hybrid_halves)."""
     if type(layer) is HybridLayer:
         return _hybrid_halves(layer)
     if type(layer) is not DecoderLayer:
         return None
-    attn = layer.self_attn
-    if _fused_rope(attn):
+    return _dense_halves(layer, fused)
+
+
+def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
+    """A decoder layer's halves, `first`/`next` and `after` traced. Where the layer allows it (_fused_rope),
+    the entry ends at the q/k/v projection(s) and `middle` is the paged cache's qk_rope_store + attention
+    (two launches for the norms, RoPE, the cache write and attention); otherwise the entry runs through RoPE
+    and `middle` is the cache's own attend. `fused`: (qkv, gate_up) single products (_fused_projections)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = fused if fused is not None else (None, None)
+    d = attn.head_dim
+    sizes = (attn.n_heads * d, attn.n_kv_heads * d, attn.n_kv_heads * d)
+    rope_store = _fused_rope(attn)
+
+    def project(x, positions):
+        if rope_store:
+            # x (B, 1, hidden) -> the q, k, v projections (B, 1, heads * D), or one (B, 1, (Hq + 2 Hkv) D)
+            return (qkv(x),) if qkv is not None else attn.projections(x)
+        # -> q, k turned at each row's position, v: (B, heads, 1, D)
+        return attn.heads(*(split_last(qkv(x), sizes) if qkv is not None else attn.projections(x)), positions)
+
+    def first(h, positions):
+        return (h, *project(layer.input_layernorm(h), positions))
+
+    def next_(h, delta, positions):
+        norm = layer.input_layernorm
+        x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
+        return (h, *project(x, positions))
+
+    if rope_store:
         norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if "q_norm" in attn else (None, None, 0.0)
 
-        def before(h, positions):
-            # h (B, 1, hidden) -> the q, k, v projections (B, 1, heads * D)
-            return attn.projections(layer.input_layernorm(h))
-
-        def middle(c, q, k, v):
+        def middle(c, *proj):
+            q, k, v = proj if len(proj) == 3 else (proj[0], None, None)
             return (c.attend_projected(q, k, v, *norms, attn._rope.table, attn.scale),)
     else:
-        def before(h, positions):
-            # h (B, 1, hidden), positions (B,) int32 -> q, k turned, v: (B, heads, 1, D)
-            return attn.project(layer.input_layernorm(h), positions)
-
         def middle(c, q, k, v):
             return (c.attend(q, k, v, attn.scale),)
 
+    def feed_forward(y):
+        if gate_up is None:
+            return mlp(y)
+        g, u = mx.split(gate_up(y), 2, axis=-1)  # (B, 1, 2I) -> two halves of I
+        return mlp.down_proj(nn.silu(g) * u)
+
     def after(h, o):
-        h = h + attn.output(o)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        norm = layer.post_attention_layernorm
+        y, h = K.add_rms_norm(attn.output(o), h, norm.weight, norm.eps)
+        return h, feed_forward(y)
 
-    return _traced(layer, before, middle, after)
+    dense = isinstance(mlp, MLP)
+    return _Chained(mx.compile(first), mx.compile(next_), middle, mx.compile(after) if dense else after)
 
 
-def _hybrid_halves(layer) -> Tuple:
+def _hybrid_halves(layer) -> _Split:
     """(before, middle, after) of a hybrid stack's layer: a Gated DeltaNet layer around its step over the
     rows' states, a gated attention layer around the paged cache; each carries its output gate through."""
     if "linear_attn" in layer:
@@ -130,9 +232,4 @@ def _hybrid_halves(layer) -> Tuple:
         h = h + mix(o, gate)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    return _traced(layer, before, middle, after)
-
-
-def _traced(layer, before, middle, after) -> Tuple:
-    """The halves with `before` traced, and `after` where the feed-forward is a dense MLP."""
-    return mx.compile(before), middle, (mx.compile(after) if isinstance(layer.mlp, MLP) else after)
+    return _Split(mx.compile(before), middle, mx.compile(after) if isinstance(layer.mlp, MLP) else after)

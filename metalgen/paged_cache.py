@@ -61,12 +61,13 @@ class PagedKVCache:
         self.values[slots] = v[:, :, 0, :].astype(self.values.dtype)
         return self._rows_attention(q, scale)
 
-    def attend_projected(self, q: mx.array, k: mx.array, v: mx.array, q_norm, k_norm, eps: float, table,
-                         scale: float) -> mx.array:
-        """`attend` from the step's q/k/v projections (B, 1, heads * D) straight out of the layers: q and k
-        normed (q_norm, k_norm: the per-head norm weights (D,), or None), turned by RoPE (`table`) at each row's
-        position and k, v written into the pools in one launch (kernels_metal.qk_rope_store), then the
-        rows' attention. -> (B, heads, 1, D)"""
+    def attend_projected(self, q: mx.array, k: Optional[mx.array], v: Optional[mx.array], q_norm, k_norm,
+                         eps: float, table, scale: float) -> mx.array:
+        """`attend` from the step's q/k/v projections (B, 1, heads * D) straight out of the layers (k and v
+        None: q is the one projection of all three, (B, 1, (Hq + 2 Hkv) * D)): q and k normed (q_norm, k_norm:
+        the per-head norm weights (D,), or None), turned by RoPE (`table`) at each row's position and k, v
+        written into the pools in one launch (kernels_metal.qk_rope_store), then the rows' attention.
+        -> (B, heads, 1, D)"""
         t = self.table
         q, self.keys, self.values = K.qk_rope_store(q, k, v, q_norm, k_norm, eps, table, t.positions, t.slots,
                                                     self.keys, self.values)

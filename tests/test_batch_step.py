@@ -6,12 +6,14 @@ layers over the same paged cache, at batch sizes above and below the traced thre
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
 import kernels_metal as K
 from metalgen.batch_cache import empty_group_caches
 from metalgen.batch_step import BatchStep, _fused_rope
+from metalgen.models.layers import QuantizedLinear
 from metalgen.paged_cache import PagedBatchCache
 
 from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, tiny_model
@@ -32,10 +34,16 @@ def prefilled(model, prompts):
     return cache
 
 
-@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("kind", sorted(CONFIGS) + ["qwen3-hd64-4bit"])
 def test_traced_step_equals_the_layers_as_they_are(kind):
-    config, fused = CONFIGS[kind]
+    """B rows past the traced threshold, then fewer: the step's hidden states are the layers' own. A dense
+    stack's step reads one q/k/v and one gate/up product a layer, over views of the stacked weights (also
+    4-bit), and adds each residual with the norm after it."""
+    quantized = kind.endswith("-4bit")
+    config, fused = CONFIGS[kind.removesuffix("-4bit")]
     model = tiny_model(config)
+    if quantized:
+        nn.quantize(model, group_size=32, bits=4)
     if fused is not None:
         assert all(_fused_rope(layer.self_attn) == fused for layer in model.model.layers)
     rng = np.random.default_rng(7)
@@ -43,6 +51,10 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(2, 20, B)]
     traced, plain = prefilled(model, prompts), prefilled(model, prompts)
     step = BatchStep(model)
+    dense = config.get("num_experts") is None and kind not in HYBRID_BATCH_CONFIGS
+    assert (step.fused is not None) == dense
+    if quantized:
+        assert isinstance(step.fused[0][0], QuantizedLinear)
     assert step.halves[0] is not None
     rows = list(range(B))
     for s in range(5):

@@ -197,11 +197,13 @@ def test_paged_decode_attention(G, bs, dtype):
         K.paged_decode_attention(q, k, v, table, n, 130, 24, 0.125)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("norms", [True, False])
 @pytest.mark.parametrize("dtype,D", [(mx.bfloat16, 128), (mx.float32, 64)])
-def test_qk_rope_store(norms, dtype, D):
+def test_qk_rope_store(norms, dtype, D, fused):
     # the public entry (on a GPU: the kernel, in place) against the reference; the pools it returns hold the
-    # rows' keys and values at their slots, and whatever the pools held elsewhere
+    # rows' keys and values at their slots, and whatever the pools held elsewhere. fused: q, k and v given as
+    # one projection (B, 1, (Hq + 2 Hkv) D), read in place at their offsets
     B, Hq, Hkv = 5, 8, 2
     table = K.rope_table(1.0 / 1e6 ** (np.arange(0, D, 2) / D), 4096)
     q, k, v = rnd((B, 1, Hq * D), dtype), rnd((B, 1, Hkv * D), dtype), rnd((B, 1, Hkv * D), dtype)
@@ -213,7 +215,8 @@ def test_qk_rope_store(norms, dtype, D):
     before_k, before_v = np.array(kp.astype(mx.float32)), np.array(vp.astype(mx.float32))
     wq, wk, wv = ref.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
     mx.eval(wq, wk, wv)  # before the kernel writes the pools in place
-    qo, kp2, vp2 = K.qk_rope_store(q, k, v, qw, kw, 1e-6, table, pos, slots, kp, vp)
+    args = (mx.concatenate([q, k, v], axis=-1), None, None) if fused else (q, k, v)
+    qo, kp2, vp2 = K.qk_rope_store(*args, qw, kw, 1e-6, table, pos, slots, kp, vp)
     tol = 1e-5 if dtype == mx.float32 else 1e-2
     assert qo.shape == (B, Hq, 1, D) and rel(qo, wq) < tol
     assert rel(kp2, wk) < tol and rel(vp2, wv) == 0

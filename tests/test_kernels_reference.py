@@ -191,6 +191,10 @@ def test_qk_rope_store(norms):
     assert np.array_equal(np.array(vp2)[[7, 2, 4]], np.array(v).reshape(B, Hkv, D))
     untouched = [i for i in range(9) if i not in (7, 2, 4)]
     assert not np.array(kp2)[untouched].any() and not np.array(vp2)[untouched].any()
+    # one fused projection: the queries, keys and values side by side, the same result
+    fused = ref.qk_rope_store(mx.concatenate([q, k, v], axis=-1), None, None, qw, kw, eps, table, pos, slots, kp, vp)
+    for a, b in zip(fused, (qo, kp2, vp2)):
+        assert np.array_equal(np.array(a), np.array(b))
 
 
 @pytest.mark.parametrize("bits,gs", [(4, 32), (4, 64), (8, 64), (8, 128)])

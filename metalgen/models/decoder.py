@@ -120,8 +120,12 @@ class Attention(nn.Module):
     def project(self, x: mx.array, offset, position_ids=None):
         """x (B, L, hidden) -> q, k turned at positions offset .. (an int, or an int32 array: a scalar or
         one start a row), v: each (B, heads, L, D)."""
-        B, L, _ = x.shape
-        q, k, v = self.projections(x)
+        return self.heads(*self.projections(x), offset, position_ids)
+
+    def heads(self, q: mx.array, k: mx.array, v: mx.array, offset, position_ids=None):
+        """The projections q, k, v (B, L, heads * D) -> per head (B, heads, L, D), q and k normed (Qwen3)
+        and turned at positions offset .. (as `project`)."""
+        B, L, _ = q.shape
         # (B, L, heads * D) -> (B, L, heads, D); per-head norms act on D before RoPE
         q = q.reshape(B, L, self.n_heads, self.head_dim)
         k = k.reshape(B, L, self.n_kv_heads, self.head_dim)

@@ -57,18 +57,24 @@ def fuse_linears(parts: Sequence[nn.Module]) -> Optional[nn.Module]:
     if quantized and any((p.group_size, p.bits, p.mode) != (first.group_size, first.bits, first.mode)
                          or "biases" not in p for p in parts):
         return None
-    cat = lambda key: mx.concatenate([p[key] for p in parts], axis=0)  # noqa: E731
-    if quantized:
+    keys = ("weight", "scales", "biases") if quantized else ("weight",)
+    keys += ("bias",) if has_bias else ()
+    return linear_like(first, {key: mx.concatenate([p[key] for p in parts], axis=0) for key in keys})
+
+
+def linear_like(like: nn.Module, params: dict) -> nn.Module:
+    """A Linear, or a QuantizedLinear quantized as `like` is, holding the arrays `params` (weight, and
+    scales and biases if quantized; bias if any), e.g. views of stacked weights."""
+    has_bias = "bias" in params
+    if isinstance(like, QuantizedLinear):
         # built at the smallest size, then given the real arrays (no random weights quantized)
-        fused = QuantizedLinear(first.group_size, 1, bias=has_bias, group_size=first.group_size,
-                                bits=first.bits, mode=first.mode)
-        fused.weight, fused.scales, fused.biases = cat("weight"), cat("scales"), cat("biases")
+        layer = QuantizedLinear(like.group_size, 1, bias=has_bias, group_size=like.group_size, bits=like.bits,
+                                mode=like.mode)
     else:
-        fused = Linear(1, 1, bias=has_bias)
-        fused.weight = cat("weight")
-    if has_bias:
-        fused.bias = cat("bias")
-    return fused
+        layer = Linear(1, 1, bias=has_bias)
+    for key, value in params.items():
+        layer[key] = value
+    return layer
 
 
 def fuse_parts(module: nn.Module, fused_name: str, names: Sequence[str]) -> None:
