@@ -11,8 +11,10 @@ For each engine a server is started in its own process on the same checkpoint fo
 is written once as a Hugging Face folder from mlx-lm's own model class: metalgen.bench_mlx_lm), then for
 each concurrency level that many clients stream `/v1/completions` (temperature 0, distinct prompts of
 about --prompt-tokens tokens, --gen-tokens tokens each) until each has sent two requests; a level runs
---repeats times (default 2) and the last run is reported, the earlier ones' rates kept in the JSON
-(the first run of a level meets batch sizes and shapes the server has not built kernels for). Reported per
+--repeats times (default 2), each run with prompts of its own, and the last run is reported, the earlier
+ones' rates kept in the JSON (the first run of a level meets batch sizes and shapes the server has not built
+kernels for). Before 2026-11-26 every run of a level sent the same prompts, so that a run could find them
+in the server's prefix cache, whole or in part as its budget evicted them: results/ from before then. Reported per
 level: aggregate completion tokens/s (all tokens over the level's wall time), the time to first token
 p50 / p99, and each stream's decode rate. With --chat-tokens, a two-turn chat (a prompt of that many
 tokens, then the same conversation plus the reply and a new question, after a warm-up conversation (both
@@ -73,14 +75,17 @@ def write_checkpoint(model: str, folder: Path) -> Path:
     return folder
 
 
-def start(engine: str, folder: Path, port: int, max_batch: int, log, profile: Optional[Path] = None) -> subprocess.Popen:
+def start(engine: str, folder: Path, port: int, max_batch: int, log, profile: Optional[Path] = None,
+          prefill_step: Optional[int] = None) -> subprocess.Popen:
     """Start a server; `engine` is metalgen or mlx_lm, with "@N" for a max batch of N (else max_batch); a
-    metalgen server writes its JSONL trace to `profile` if given."""
+    metalgen server writes its JSONL trace to `profile` if given, and feeds prompts `prefill_step` tokens a
+    chunk if given (else its default)."""
     engine, _, batch = engine.partition("@")
     max_batch = int(batch or max_batch)
     if engine == "metalgen":
         cmd = [sys.executable, "-m", "metalgen", "serve", "--model", str(folder), "--port", str(port),
                "--max-batch", str(max_batch)] + (["--profile", str(profile)] if profile else [])
+        cmd += ["--prefill-step-size", str(prefill_step)] if prefill_step else []
     else:
         cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
                "--decode-concurrency", str(max_batch), "--prompt-concurrency", str(min(max_batch, 8))]
@@ -239,6 +244,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each level; the last is reported")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--prefill-step-size", type=int, default=None,
+                    help="metalgen servers' --prefill-step-size (default: theirs)")
     ap.add_argument("--profile", action="store_true",
                     help="metalgen servers write a JSONL trace (OUT/trace_<engine>.jsonl: prefill chunks, decode "
                          "steps, readbacks, each step's delivery of tokens)")
@@ -252,18 +259,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             port = free_port()
             with open(out / f"server_{engine.replace('@', '_b')}.log", "w") as log:
                 trace = out / f"trace_{engine.replace('@', '_b')}.jsonl" if args.profile else None
-                proc = start(engine, folder, port, args.max_batch, log, trace)
+                proc = start(engine, folder, port, args.max_batch, log, trace, args.prefill_step_size)
                 try:
                     wait_ready(port, proc)
                     asyncio.run(level(port, str(folder), 1, 16, 8, args.seed))  # warm-up: kernels built, first graphs made
                     for c in (int(x) for x in args.concurrency.split(",")):
                         # the level run --repeats times, the last one reported: the first meets batch sizes and
                         # prompt shapes the server has not run yet (MLX builds kernels on first use)
-                        cold = []
-                        for _ in range(args.repeats - 1):
-                            cold.append(asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens,
-                                                          args.seed))["aggregate_tok_s"])
-                        r = dict(asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, args.seed)),
+                        # each run its own prompts: a run given the prompts of the one before would find them in
+                        # the server's prefix cache (or part of them, as its budget evicts), and measure that
+                        seeds = [args.seed * 1_000_003 + 1009 * c + run for run in range(args.repeats)]
+                        cold = [asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens,
+                                                  seed))["aggregate_tok_s"] for seed in seeds[:-1]]
+                        r = dict(asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, seeds[-1])),
                                  engine=engine, model=args.model, max_batch=args.max_batch, earlier_tok_s=cold)
                         print(json.dumps(r), flush=True)
                         jl.write(json.dumps(r) + "\n")

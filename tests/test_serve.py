@@ -303,6 +303,8 @@ def test_serve_command_bad_flags_are_one_line_errors(capsys):
     assert capsys.readouterr().err.strip().endswith("--max-batch must be >= 1, got 0")
     assert main(["serve", "--model", "dummy:tiny-qwen3", "--prefix-cache-gb", "-1"]) == 1
     assert capsys.readouterr().err.strip().endswith("--prefix-cache-gb must be >= 0, got -1.0")
+    assert main(["serve", "--model", "dummy:tiny-qwen3", "--prefill-step-size", "0"]) == 1
+    assert capsys.readouterr().err.strip().endswith("--prefill-step-size must be >= 1, got 0")
 
 
 def test_limits_name_their_field_and_bound():

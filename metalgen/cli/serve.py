@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
                    help="take requests at once, without first having MLX compile its quantized matmul kernels "
                         "(on CUDA, for quantized weights) and the batched step's (on CUDA, --max-batch above 4; "
                         "docs/serve.md)")
+    p.add_argument("--prefill-step-size", type=int, default=512,
+                   help="prompt tokens fed in one chunk at most (batched: a step's chunk, padding included, "
+                        "enqueued ahead of the running rows' decode); default: %(default)s")
     p.add_argument("--profile", metavar="TRACE.jsonl", default=None,
                    help="write a JSONL trace of the generation's phases: prefill chunks, decode steps, readbacks "
                         "and, batched, each step's delivery of its tokens (`python -m profiling summarize`)")
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise MetalgenError(f"--max-batch must be >= 1, got {args.max_batch}")
     if not args.prefix_cache_gb >= 0:  # (NaN too)
         raise MetalgenError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb}")
+    if args.prefill_step_size < 1:
+        raise MetalgenError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     if args.max_request_bytes < 1:
         raise MetalgenError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.max_queue < 0:
@@ -118,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
             warm_batch(model, args.max_batch, say)
         tracer = profiling.make_tracer(args.profile)
         tracer.meta(model=args.model, backend=kernels_metal.backend(), max_batch=args.max_batch)
-        engine = Engine(model, tokenizer, name, decode=args.decode, max_batch=args.max_batch,
-                        prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue, tracer=tracer)
+        engine = Engine(model, tokenizer, name, decode=args.decode, prefill_step_size=args.prefill_step_size,
+                        max_batch=args.max_batch, prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue,
+                        tracer=tracer)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:
