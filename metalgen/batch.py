@@ -113,7 +113,6 @@ class _Prefill:
         return self.rows + [t for ts in self.twins for t in ts]
 
 
-
 class BatchGenerator:
     """Decodes up to `max_batch` sequences together, one forward pass a token for all of them.
 
