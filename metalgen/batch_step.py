@@ -8,8 +8,8 @@ spares the Python of every module call. Before the cache: the norm, q/k/v projec
 at each row's position (an int32 array: one trace serves every step of a batch size). Then the paged
 cache's write and attention kernel, as they are. After: o_proj, the residual, the norm and the MLP.
 
-Fewer launches a layer, since each costs the host ~10 us whatever its size: a dense stack's layers read
-their q/k/v and gate/up projections as one product each, through views of the stacked weights (the
+Fewer launches a layer, since each costs the host ~10 us whatever its size: on CUDA a dense stack's layers
+read their q/k/v and gate/up projections as one product each, through views of the stacked weights (the
 rows of a layer's q, k and v are consecutive there: metalgen.decode.stacked, the single-sequence paths'
 own layout, built once for both), and qk_rope_store reads q, k and v in place from the one projection;
 each residual add goes with the norm after it (kernels_metal.add_rms_norm: one launch for two), the MLP's
@@ -64,10 +64,16 @@ class _Split(NamedTuple):
 class BatchStep:
     """One decode step of the batch: tokens (B,) over a PagedBatchCache -> final-norm hidden states."""
 
-    def __init__(self, model):
+    def __init__(self, model, fuse: Optional[bool] = None):
+        """fuse: read a dense stack's q/k/v and gate/up as one product each (_fused_projections). None: on
+        CUDA only, where the single-sequence paths stack the weights anyway and a launch costs the host ~10
+        us; elsewhere stacking would hold a second copy of the largest weights while it runs (an 8B bf16
+        model: ~10 GB more at its peak), for a launch cost not measured there."""
         self.model = model
+        if fuse is None:
+            fuse = K.backend() == "cuda"
         # per layer (q/k/v, gate/up) as one product each (a dense stack), else None
-        self.fused = _fused_projections(model)
+        self.fused = _fused_projections(model) if fuse else None
         self.halves: List[Optional[tuple]] = [_halves(layer, self.fused[i] if self.fused else None)
                                               for i, layer in enumerate(model.model.layers)]
         if any(isinstance(hv, _Chained) for hv in self.halves):

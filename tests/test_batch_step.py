@@ -50,7 +50,7 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
     B = K.GEMV_MAX_ROWS + 3  # traced
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(2, 20, B)]
     traced, plain = prefilled(model, prompts), prefilled(model, prompts)
-    step = BatchStep(model)
+    step = BatchStep(model, fuse=True)  # (by default on CUDA only)
     dense = config.get("num_experts") is None and kind not in HYBRID_BATCH_CONFIGS
     assert (step.fused is not None) == dense
     if quantized:
@@ -73,3 +73,11 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
         assert np.allclose(np.array(a.keys), np.array(b.keys), atol=1e-5)
     for a, b in zip(traced.states, plain.states):  # the same states left
         assert np.allclose(np.array(a.recurrent), np.array(b.recurrent), atol=1e-5)
+
+
+def test_the_single_products_are_for_cuda_by_default(monkeypatch):
+    # elsewhere stacking the weights would hold a second copy of the largest ones while it runs
+    model = tiny_model(BATCH_CONFIGS["qwen3"])
+    assert BatchStep(model).fused is None and BatchStep(model, fuse=False).fused is None
+    monkeypatch.setattr(K, "backend", lambda: "cuda")
+    assert BatchStep(model).fused is not None
