@@ -35,6 +35,9 @@ import mlx.nn as nn
 
 import kernels_metal as K
 
+from .decode.compiled import attention_halves
+from .decode.path import AUTO_MEGAKERNEL, stacked_weights
+from .decode.stacked import unsupported_reason
 from .models.decoder import DecoderLayer
 from .models.hybrid import HybridLayer
 from .models.layers import MLP, linear_like, split_last
@@ -65,13 +68,13 @@ class BatchStep:
     """One decode step of the batch: tokens (B,) over a PagedBatchCache -> final-norm hidden states."""
 
     def __init__(self, model, fuse: Optional[bool] = None):
-        """fuse: read a dense stack's q/k/v and gate/up as one product each (_fused_projections). None: on
-        CUDA only, where the single-sequence paths stack the weights anyway and a launch costs the host ~10
-        us; elsewhere stacking would hold a second copy of the largest weights while it runs (an 8B bf16
+        """fuse: read a dense stack's q/k/v and gate/up as one product each (_fused_projections). None: where
+        the single-sequence paths stack the weights anyway (decode.path.AUTO_MEGAKERNEL: CUDA, where a
+        launch costs the host ~10 us); elsewhere stacking would hold a second copy of the largest weights while it runs (an 8B bf16
         model: ~10 GB more at its peak), for a launch cost not measured there."""
         self.model = model
         if fuse is None:
-            fuse = K.backend() == "cuda"
+            fuse = K.backend() in AUTO_MEGAKERNEL
         # per layer (q/k/v, gate/up) as one product each (a dense stack), else None
         self.fused = _fused_projections(model) if fuse else None
         self.halves: List[Optional[tuple]] = [_halves(layer, self.fused[i] if self.fused else None)
@@ -113,9 +116,6 @@ def _fused_projections(model) -> Optional[List[Tuple]]:
     """Per layer (its q/k/v projection, its gate/up projection) as single layers over views of the stacked
     weights (metalgen.decode.path.stacked_weights, which also points the model's own q/k/v and gate/up at
     views of the same arrays: nothing is held twice), for a dense stack the stacked paths take; else None."""
-    from .decode.path import stacked_weights
-    from .decode.stacked import unsupported_reason
-
     spec = model.spec
     if spec.moe is not None or spec.hybrid is not None or unsupported_reason(model) is not None:
         return None
@@ -184,7 +184,7 @@ def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
         norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if "q_norm" in attn else (None, None, 0.0)
 
         def middle(c, *proj):
-            q, k, v = proj if len(proj) == 3 else (proj[0], None, None)
+            q, k, v = proj if qkv is None else (proj[0], None, None)  # one projection: read in place
             return (c.attend_projected(q, k, v, *norms, attn._rope.table, attn.scale),)
     else:
         def middle(c, q, k, v):
@@ -218,24 +218,15 @@ def _hybrid_halves(layer) -> _Split:
         def middle(c, mixed, z, b, a):
             return lin.step(mixed, b, a, c), z
 
-        def mix(o, z):
-            return lin.output(o, z)
+        def after(h, o, z):
+            h = h + lin.output(o, z)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
     else:
+        # the compiled single-sequence path's halves: positions (B,) turn each row at its own
+        before, after = attention_halves(layer)
         attn = layer.self_attn
-
-        def before(h, positions):
-            # h (B, 1, hidden), positions (B,) -> q, k turned, v (B, heads, 1, D), gate (B, 1, heads * D)
-            q, k, v, gate = attn.project(layer.input_layernorm(h))
-            return attn.turn(q, positions), attn.turn(k, positions), v, gate
 
         def middle(c, q, k, v, gate):
             return c.attend(q, k, v, attn.scale), gate
-
-        def mix(o, gate):
-            return attn.output(o, gate)
-
-    def after(h, o, gate):
-        h = h + mix(o, gate)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     return _Split(mx.compile(before), middle, mx.compile(after) if isinstance(layer.mlp, MLP) else after)
