@@ -40,9 +40,9 @@ from .prefix_cache import PrefixCache
 from .sampling import DeviceSampler, LogitsProcessor, RepetitionPenalty, Sampler, make_sampler
 
 _NULL_TRACER = NullTracer()
-# a prompt chunk of more activations (tokens x hidden size) than this is fed a layer at a time: 512 tokens of
-# a 4096-wide model and more (Qwen3-30B-A3B, 2048 tokens: 5.8 GB past the weights as one graph, 0.4 GB so)
-LAYER_BY_LAYER_MIN = 512 * 4096 - 1
+# a prompt chunk of this many activations (tokens x hidden size) or more is fed a layer at a time: 512 tokens
+# of a 4096-wide model (Qwen3-30B-A3B, 2048 tokens: 5.8 GB past the weights as one graph, 0.4 GB so)
+LAYER_BY_LAYER_MIN = 512 * 4096
 
 
 @dataclasses.dataclass
@@ -286,7 +286,7 @@ class BatchGenerator:
             # would keep every layer's temporaries until the device reaches them. A small one as one graph: a
             # layer at a time waits for each layer in turn (28 waits for qwen3-0.6b), and the host, which
             # launches the kernels, cannot run ahead of the device
-            big = G * (end - start) * self.model.spec.hidden_size > LAYER_BY_LAYER_MIN
+            big = G * (end - start) * self.model.spec.hidden_size >= LAYER_BY_LAYER_MIN
             h = self.model.hidden(chunk, cache=group.cache, layer_by_layer=big)
             group.fed = end
             if end < T:
