@@ -115,3 +115,17 @@ def _lasting_states(weights: dict, seed: int) -> dict:
         elif ".linear_attn.in_proj" in name or ".linear_attn.out_proj" in name:
             weights[name] = 10 * weights[name]
     return weights
+
+
+def prefill_group(model, prompts):
+    """Prompts (id lists) prefilled together, left-padded, as metalgen.batch does before they join: (per-layer
+    caches, the last logits (G, vocab))."""
+    from metalgen.batch_cache import empty_group_caches
+
+    T = max(map(len, prompts))
+    padding = [T - len(p) for p in prompts]
+    group = empty_group_caches(model, padding)
+    ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
+    logits = model(ids, cache=group)[:, -1]
+    mx.eval(logits, [c.state for c in group])
+    return group, logits

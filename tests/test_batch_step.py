@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 import kernels_metal as K
-from metalgen.batch_cache import empty_group_caches
 from metalgen.batch_step import BatchStep, _fused_rope
 from metalgen.models.layers import QuantizedLinear
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, prefill_group, tiny_model
 
 # heads of 16 or 32 dims: RoPE and the cache write as the layers do them; of 64: one qk_rope_store launch;
 # hybrid stacks (fused: None): Gated DeltaNet and gated attention layers, each split around its cache
@@ -25,12 +24,8 @@ CONFIGS = {**{k: (c, False) for k, c in BATCH_CONFIGS.items()}, **{k + "-hd64": 
 
 
 def prefilled(model, prompts):
-    T = max(map(len, prompts))
-    padding = [T - len(p) for p in prompts]
-    group = empty_group_caches(model, padding)
-    mx.eval(model(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), cache=group))
     cache = PagedBatchCache.for_model(model, block_size=16)
-    cache.join(group, list(range(len(prompts))))
+    cache.join(prefill_group(model, prompts)[0], list(range(len(prompts))))
     return cache
 
 

@@ -8,12 +8,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalgen.batch_cache import BatchKVCache, empty_group_caches
+from metalgen.batch_cache import BatchKVCache
 from metalgen.cache import make_prompt_cache
 from metalgen.errors import MetalgenError
 from metalgen.paged_cache import PagedBatchCache
 
-from checkpoints import BATCH_CONFIGS, HYBRID_BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, HYBRID_BATCH_CONFIGS, prefill_group, tiny_model
 
 CONFIGS = {**BATCH_CONFIGS, **HYBRID_BATCH_CONFIGS}
 
@@ -116,17 +116,6 @@ def test_bad_block_sizes_and_slices_are_one_line_errors():
 
 def close(batched: np.ndarray, alone: np.ndarray) -> bool:
     return float(np.abs(batched - alone).max()) <= 1e-4 * float(np.abs(alone).max())
-
-
-def prefill_group(model, prompts):
-    """Prompts prefilled together, left-padded, as metalgen.batch does before they join: (caches, logits)."""
-    T = max(map(len, prompts))
-    padding = [T - len(p) for p in prompts]
-    group = empty_group_caches(model, padding)
-    ids = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
-    logits = model(ids, cache=group)[:, -1]
-    mx.eval(logits, [c.state for c in group])
-    return group, logits
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
