@@ -167,10 +167,8 @@ _GPU_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
 
 @functools.lru_cache(maxsize=8192)
-@functools.lru_cache(maxsize=1024)
 def _i32(*v):
-    # small parameter arrays are cached: the shapes of a model's layers repeat every step, and a batch's step
-    # would otherwise make two a layer (an allocation each, on the host's side of the step)
+    # small parameter arrays are cached: the shapes of a model's layers repeat every step
     return mx.array(list(v), dtype=mx.int32)
 
 
