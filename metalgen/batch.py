@@ -139,7 +139,8 @@ class BatchGenerator:
             raise MetalgenError(f"prefill step size must be >= 1, got {prefill_step_size}")
         self.model = model
         self.max_batch = max_batch
-        self.prefill_step_size = prefill_step_size  # tokens (padding included) a prefill chunk feeds at most
+        # tokens (padding included) a prefill chunk feeds, at most but for a last sliver of up to an eighth more
+        self.prefill_step_size = prefill_step_size
         self.prefill_batch = prefill_batch  # prompts prefilled together at most
         self.tracer = tracer  # profiling spans: prefill chunks, decode steps, readbacks
         # where prompts find the KV of their longest prefix already computed, and where every prompt (once
@@ -262,7 +263,8 @@ class BatchGenerator:
     def _prefill_chunk(self) -> None:
         """Enqueue one chunk of the arrivals' prefill: the group in progress (less its cancelled rows), else a
         new group from the waiting prompts if the batch has room. A chunk feeds every row of the group the
-        same columns of their left-padded prompts, at most `prefill_step_size` tokens in all; the chunk that
+        same columns of their left-padded prompts, at most `prefill_step_size` tokens in all (the last chunk up
+        to an eighth more, rather than leave a sliver for a chunk of its own); the chunk that
         ends the prompts gives each row's first token, and the group joins the running batch. A hybrid stack
         with a prefix cache feeds the prompts' last column as a chunk of its own, so that the cache gets a
         snapshot of each row's states before it: a prompt sent again (a regenerated reply, more choices)
@@ -275,6 +277,10 @@ class BatchGenerator:
         # the chunk's tokens, padding included, bound its activations: G rows of `width` columns
         width = max(1, self.prefill_step_size // G)
         start, end = group.fed, min(T, group.fed + width)
+        if T - end <= width // 8:
+            # a sliver left (a prompt of 129 tokens, 64 columns a chunk) joins this chunk: a chunk costs about
+            # as many launches whatever its width, so a chunk of one column would cost a step for nothing
+            end = T
         # hybrid: the prompts but their last tokens first, for the snapshot (the twins' prompts are equal)
         last_apart = self._hybrid and self.prefix_cache is not None
         if last_apart and end == T and start < T - 1:

@@ -46,6 +46,35 @@ class JobEvents:
             pass
 
 
+def _put_all(pairs) -> None:
+    for events, event in pairs:
+        events.put_nowait(event)
+
+
+class Outbox:
+    """Events the worker puts in one batched round, handed to the handlers' loop in one call when flushed.
+    Why: a loop woken once an event (call_soon_threadsafe) wakes 32 times a step at 32 streams, and each time
+    its thread takes the GIL from the worker, which is launching the next step; waiting to get it back costs
+    the worker up to Python's switch interval (5 ms) a time."""
+
+    def __init__(self):
+        self.pending: List[Tuple[JobEvents, tuple]] = []
+
+    def put(self, job: JobEvents, event: tuple) -> None:
+        self.pending.append((job, event))
+
+    def flush(self) -> None:
+        by_loop: Dict[asyncio.AbstractEventLoop, list] = {}
+        for job, event in self.pending:
+            by_loop.setdefault(job.loop, []).append((job.events, event))
+        self.pending = []
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, pairs)
+            except RuntimeError:  # the server's loop has closed (shutdown): nobody is left to read them
+                pass
+
+
 DEFAULT_MAX_QUEUE = 256  # requests that may wait for the worker (`metalgen serve --max-queue`)
 
 
@@ -154,6 +183,7 @@ class Engine:
         self.in_flight = InFlight(self.max_batch, max_queue)
         self._gen: Optional[BatchGenerator] = None  # the running batch (batched mode)
         self._current: Optional[Job] = None  # the job generating now (one at a time)
+        self._outbox: Optional[Outbox] = None  # a batched round's events, while it runs
         self.worker = threading.Thread(target=self._work, name="metalgen-engine", daemon=True)
         self.worker.start()
 
@@ -224,7 +254,13 @@ class Engine:
     def _end(self, job: Job, *event) -> None:
         """A job's last event ("done", finish, usage) or ("error", RequestError): it leaves the live set."""
         self.in_flight.discard(job)
-        job.put(*event)
+        self._put(job, *event)
+
+    def _put(self, job: Job, *event) -> None:
+        if self._outbox is not None:
+            self._outbox.put(job, event)
+        else:
+            job.put(*event)
 
     def _work(self) -> None:
         with mx.stream(self.stream):
@@ -255,7 +291,16 @@ class Engine:
                 self._gen = self._new_batch()
 
     def _round(self, gen: BatchGenerator, running: Dict[int, "_Running"]) -> None:
-        """Arrivals join, cancelled jobs leave, then one step of the batch (if anything is left to run)."""
+        """Arrivals join, cancelled jobs leave, then one step of the batch (if anything is left to run); the
+        round's events reach the handlers' loop together at its end."""
+        self._outbox = Outbox()
+        try:
+            self._round_events(gen, running)
+        finally:
+            outbox, self._outbox = self._outbox, None
+            outbox.flush()
+
+    def _round_events(self, gen: BatchGenerator, running: Dict[int, "_Running"]) -> None:
         if not gen.busy and (gen.rows or getattr(gen, "prefilling", None) is not None):
             # rows that ended (or a prefill group all cancelled) leave now, caches and all, rather than when
             # the next request comes
@@ -282,7 +327,7 @@ class Engine:
             self._put_token(r.job, resp.token, resp.logprob, resp.top_logprobs)
             text, finish = r.text.add(resp.token, last=resp.finish_reason == "length")
             if text:
-                r.job.put("text", text)
+                self._put(r.job, "text", text)
             if finish is not None:
                 if resp.finish_reason is None:
                     gen.remove(resp.uid)  # a stop string ended it
@@ -301,7 +346,7 @@ class Engine:
     def _put_token(self, job: Job, token: int, logprob: float, top) -> None:
         """A token's logprob event, where asked for (the EOS that ends a reply is not part of it)."""
         if job.req.logprobs and token not in self.tokenizer.eos_token_ids:
-            job.put("token", token, logprob, top)
+            self._put(job, "token", token, logprob, top)
 
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(self.model, max_batch=self.max_batch, prefill_step_size=self.prefill_step_size,
