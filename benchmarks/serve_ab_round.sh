@@ -8,6 +8,7 @@ set -uo pipefail
 out=$1 model=$2
 shift 2
 mkdir -p "$out"
+out=$(cd "$out" && pwd) root=$(pwd)
 export PYTHONUNBUFFERED=1
 ckpt="$out/checkpoint"
 for round in $(seq 1 "${ROUNDS:-2}"); do
@@ -18,9 +19,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
         mkdir -p "$dir"
         [ -d "$ckpt" ] && ln -sfn "$(cd "$ckpt" && pwd)" "$dir/checkpoint"
         echo "== round $round, tree $tree"
-        PYTHONPATH=$tree python3 benchmarks/serve_load.py --model "$model" --engines metalgen@32 \
+        # run from inside the tree: the server is `python -m metalgen`, which imports the working directory's
+        # package before anything on PYTHONPATH
+        (cd "$tree" && PYTHONPATH=. python3 "$root/benchmarks/serve_load.py" --model "$model" --engines metalgen@32 \
             --concurrency "${LEVELS:-32}" --prompt-tokens 128 --gen-tokens 128 --max-batch 32 ${EXTRA:---repeats 3} \
-            --out "$dir" 2>&1 | grep -E '^\| metalgen' | sed "s/^/$tag r$round /"
+            --out "$dir") 2>&1 | grep -E '^\| metalgen' | sed "s/^/$tag r$round /"
         [ -d "$ckpt" ] || { [ -d "$dir/checkpoint" ] && mv "$dir/checkpoint" "$ckpt"; }
     done
 done

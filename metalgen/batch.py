@@ -203,6 +203,12 @@ class BatchGenerator:
                 r.done = True  # a prefilling row leaves its group at the next step
 
     @property
+    def pads_rows(self) -> bool:
+        """Whether the traced decode step pads the batch's rows to a few sizes (metalgen.batch_step.ROW_BUCKET):
+        not for a hybrid stack."""
+        return self._step.pads
+
+    @property
     def joining(self) -> int:
         """Sequences inserted that are not in the batch yet: waiting, or being prefilled."""
         return len(self.waiting) + (sum(not r.done for r in self.prefilling.members) if self.prefilling else 0)
@@ -511,7 +517,8 @@ class BatchGenerator:
     def _decode(self, tokens: mx.array) -> Tuple[mx.array, mx.array]:
         """Enqueue one decode step of the whole batch fed `tokens` (B,): lazy (tokens (B,), logprobs (B,))."""
         with self.tracer.span("decode_step", tokens=int(tokens.size), sync=False):
-            self.cache.begin_step()  # each row's slot, lengths and block table for this step
+            # each row's slot, lengths and block table for this step, padded to the rows the traced step runs
+            self.cache.begin_step(self._step.rows(int(tokens.size)))
             h = self._step.hidden(tokens, self.cache)  # (B,) -> (B, 1, hidden)
             logits = self.model.logits(h[:, -1, :])  # (B, vocab)
         with self.tracer.span("sample", sync=False):

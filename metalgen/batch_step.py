@@ -15,7 +15,14 @@ own layout, built once for both), and qk_rope_store reads q, k and v in place fr
 each residual add goes with the norm after it (kernels_metal.add_rms_norm: one launch for two), the MLP's
 add deferred to the next layer's input norm (or the final norm). 15 launches a layer become 9.
 
-The halves are traced for each batch size met (MLX keys a trace by its input shapes) and only above
+The halves are traced for each batch size met (MLX keys a trace by its input shapes), so a dense or MoE
+stack's step runs its rows padded up to a multiple of ROW_BUCKET (`rows`; the padding rows are the paged
+cache's, PagedBatchCache.begin_step): a batch whose size moves as requests come and go meets 4 sizes up to
+32 rows rather than 28, each traced, and its kernels built, the first time it occurs (seconds for a size new
+to the machine, measured mid-traffic: benchmarks/results/batch_step_h200_2026-11-26), and the server can
+warm them all at start-up (metalgen.serve.warmup.warm_batch). Padding rows cost the device little: the
+step's products read each weight once for any rows. A hybrid stack's step is not padded: its Gated DeltaNet
+states are (B, ...) arrays that padding would copy every step. The halves run only above
 kernels_metal.GEMV_MAX_ROWS rows: at fewer rows the products may be custom GEMV kernels, which check
 themselves eagerly on first use, which a trace cannot do; those steps run the layers as they are. A
 sparse (MoE) layer's feed-forward half stays untraced for the same reason (its routing kernels).
@@ -64,6 +71,9 @@ class _Split(NamedTuple):
     after: Callable
 
 
+ROW_BUCKET = 8  # a traced step's rows are padded up to a multiple of this (see the module doc)
+
+
 class BatchStep:
     """One decode step of the batch: tokens (B,) over a PagedBatchCache -> final-norm hidden states."""
 
@@ -81,9 +91,25 @@ class BatchStep:
                                               for i, layer in enumerate(model.model.layers)]
         if any(isinstance(hv, _Chained) for hv in self.halves):
             _prime_add_rms_norm(model.model)
+        self.pads = not any(isinstance(hv, _Split) for hv in self.halves)  # not a hybrid stack
+
+    def rows(self, batch: int) -> int:
+        """The rows a step of `batch` rows runs, padding included: for cache.begin_step(rows)."""
+        if batch <= K.GEMV_MAX_ROWS or not self.pads:
+            return batch
+        return -(-batch // ROW_BUCKET) * ROW_BUCKET
 
     def hidden(self, tokens: mx.array, cache: PagedBatchCache) -> mx.array:
-        """tokens (B,) int32 -> (B, 1, hidden); writes each row's next position (cache.begin_step first)."""
+        """tokens (B,) int32 -> (B, 1, hidden); writes each row's next position (cache.begin_step first, its
+        rows padded or not: the padding rows' tokens are id 0 and their states are dropped)."""
+        B = tokens.shape[0]
+        padded = cache.positions.shape[0]
+        if padded > B:
+            tokens = mx.concatenate([tokens, mx.zeros((padded - B,), mx.int32)])
+        h = self._hidden(tokens, cache)
+        return h[:B] if padded > B else h
+
+    def _hidden(self, tokens: mx.array, cache: PagedBatchCache) -> mx.array:
         inner = self.model.model
         h = inner.embed_tokens(tokens[:, None])  # (B, 1, hidden)
         traced = tokens.shape[0] > K.GEMV_MAX_ROWS

@@ -142,6 +142,7 @@ class PagedBatchCache:
         self.capacity = 0  # blocks in each pool
         self._shape = None  # (kv_heads, head_dim, dtype) of the pools, from the first rows joined
         self._free: List[int] = []  # blocks no row holds (a stack: the last freed is reused first)
+        self._spare: Optional[int] = None  # the block that padding rows write into (begin_step), once needed
         # the rows' block tables on the host (B, width >= their blocks), kept between steps so that a step
         # adds only the blocks it takes (a 32k-token row holds 1024); None: re-laid at the next step
         self._table: Optional[np.ndarray] = None
@@ -226,9 +227,14 @@ class PagedBatchCache:
             for layer in self.states:
                 layer.keep(rows)
 
-    def begin_step(self) -> None:
+    def begin_step(self, rows: Optional[int] = None) -> None:
         """Make the device arrays of the decode step about to be enqueued, which writes each row's next
-        position: a row whose next position starts a block gets one first. Advances the lengths."""
+        position: a row whose next position starts a block gets one first. Advances the lengths.
+
+        rows: the step's arrays padded to this many rows (at least the batch's), for a step traced for a few
+        batch sizes only (metalgen.batch_step). A padding row is at position 0, writes into a block that no
+        row holds (the same slot for all of them) and attends to that slot alone; the rows' own are as
+        without padding."""
         bs = self.block_size
         if self._table is None or self._table.shape[0] != len(self.blocks):
             self._table = _table_of(self.blocks)
@@ -244,6 +250,13 @@ class PagedBatchCache:
         table = self._table[:, :width]  # past a row's blocks: never read
         # each row's slot from the host table, not its block list (a list per row would cost its length)
         slots = table[np.arange(len(lengths)), lengths // bs] * bs + lengths % bs
+        pad = (rows or len(lengths)) - len(lengths)
+        if pad > 0:
+            if self._spare is None:
+                self._spare = self._take(1)[0]  # held for the cache's life: never a row's
+            lengths = np.concatenate([lengths, np.zeros(pad, np.int32)])
+            slots = np.concatenate([slots, np.full(pad, self._spare * bs, slots.dtype)])
+            table = np.concatenate([table, np.full((pad, width), self._spare, np.int32)])
         self.positions = mx.array(lengths)
         self.kv_lengths = mx.array(lengths + 1)
         self.slots = mx.array(slots.astype(np.int32))

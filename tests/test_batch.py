@@ -230,6 +230,24 @@ def alone_with_logprobs(model, prompt, n, sampler=None, processors=(), top=0):
                               logits_processors=processors, top_logprobs=top))
 
 
+def test_a_last_sliver_of_the_prompts_joins_the_chunk_before_it():
+    """Two prompts of 17 tokens, 16 tokens a chunk: 8 columns, then the last 9 (an eighth more than the width)
+    rather than a third chunk of one column; the tokens are those each prompt gets alone."""
+    model = tiny_model(CONFIGS["qwen3"])
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 512, 17).tolist() for _ in range(2)]
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=16, tracer=Tracer(buf))
+    uids = [gen.insert(p, 4) for p in prompts]
+    got = {u: [] for u in uids}
+    for resps in steps(gen):
+        for r in resps:
+            got[r.uid].append(r.token)
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(2, 16), (2, 18)]
+    for uid, p in zip(uids, prompts):
+        assert got[uid] == [w[0] for w in alone_with_logprobs(model, p, 4, None, [])]
+
+
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_arrivals_at_one_boundary_are_prefilled_together(kind):
     """Five prompts (5 to 14 tokens) arrive at once, with a seeded sampler, a repetition penalty with top

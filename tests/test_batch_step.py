@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kernels_metal as K
-from metalgen.batch_step import BatchStep, _fused_rope
+from metalgen.batch_step import ROW_BUCKET, BatchStep, _fused_rope
 from metalgen.models.layers import QuantizedLinear
 from metalgen.paged_cache import PagedBatchCache
 
@@ -47,6 +47,8 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
     traced, plain = prefilled(model, prompts), prefilled(model, prompts)
     step = BatchStep(model, fuse=True)  # (by default on CUDA only)
     dense = config.get("num_experts") is None and kind not in HYBRID_BATCH_CONFIGS
+    dense_or_moe = kind not in HYBRID_BATCH_CONFIGS
+    assert step.pads == dense_or_moe
     assert (step.fused is not None) == dense
     if quantized:
         assert isinstance(step.fused[0][0], QuantizedLinear)
@@ -58,14 +60,18 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
             traced.keep(list(range(len(rows))))
             plain.keep(list(range(len(rows))))
         tokens = mx.array(rng.integers(0, 512, len(rows)), mx.int32)
-        traced.begin_step()
+        # the traced step's rows padded as the batch runs them (a dense or MoE stack: 7 rows run as 8)
+        traced.begin_step(step.rows(len(rows)))
         plain.begin_step()
+        assert traced.positions.shape[0] == (len(rows) if s >= 3 or not dense_or_moe else ROW_BUCKET)
         got = np.array(step.hidden(tokens, traced))
         want = np.array(model.hidden(tokens[:, None], cache=plain.layers))
         assert got.shape == (len(rows), 1, model.spec.hidden_size)
         assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max()), (kind, s)
-    for a, b in zip(traced.pools, plain.pools):  # the same positions written
-        assert np.allclose(np.array(a.keys), np.array(b.keys), atol=1e-5)
+    for b in range(len(rows)):  # the same positions written in each row's blocks (padding wrote elsewhere)
+        n = traced.lengths[b]
+        for x, y in zip(traced.row_slicer(b)(0, n), plain.row_slicer(b)(0, n)):
+            assert np.allclose(np.array(x), np.array(y), atol=1e-5)
     for a, b in zip(traced.states, plain.states):  # the same states left
         assert np.allclose(np.array(a.recurrent), np.array(b.recurrent), atol=1e-5)
 

@@ -376,3 +376,51 @@ def test_a_profiled_engine_traces_its_generation(max_batch):
         assert not delivered
     else:
         assert "decode_step" in phases and sum(delivered) == 10 and max(delivered) <= 2
+
+
+def test_a_rounds_events_reach_the_handlers_loop_in_one_call_in_order():
+    import asyncio
+
+    from metalgen.serve.engine import JobEvents, Outbox
+
+    loop = asyncio.new_event_loop()
+    try:
+        calls = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: (calls.append(args), real(*args))[1]
+        a, b = JobEvents(loop), JobEvents(loop)
+        box = Outbox()
+        for job, event in [(a, ("text", "x")), (b, ("text", "y")), (a, ("done", "stop", {}))]:
+            box.put(job, event)
+        assert calls == []  # nothing reaches the loop before the round ends
+        box.flush()
+        assert len(calls) == 1 and box.pending == []
+        loop.run_until_complete(asyncio.sleep(0))
+        assert [a.events.get_nowait() for _ in range(2)] == [("text", "x"), ("done", "stop", {})]
+        assert b.events.get_nowait() == ("text", "y") and b.events.empty()
+    finally:
+        loop.close()
+
+
+def test_a_choice_sends_the_text_queued_meanwhile_as_one_piece():
+    # a handler that fell behind the engine: one chunk for the tokens it missed, then each as it comes
+    import asyncio
+    import types
+
+    from metalgen.serve.choices import Choice
+    from metalgen.serve.engine import JobEvents
+    from metalgen.serve.protocol import parse_request
+
+    async def run():
+        job = JobEvents(asyncio.get_running_loop())
+        job.req, job.in_reasoning = parse_request({"model": "t", "prompt": "hi"}, "text", 16), False
+        for event in [("text", "a"), ("text", "b"), ("text", "c")]:
+            job.events.put_nowait(event)
+        items = Choice(0, job, types.SimpleNamespace()).items()
+        first = await items.__anext__()
+        job.events.put_nowait(("text", "d"))
+        second = await items.__anext__()
+        job.events.put_nowait(("done", "stop", {"n": 1}))
+        return [first, second] + [item async for item in items]
+
+    assert asyncio.run(run()) == [("piece", "content", "abc"), ("piece", "content", "d"), ("done", "stop", {"n": 1})]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -276,6 +277,8 @@ def scripted():
             script = replies[job.req.messages[-1]["content"]]
             for piece in script:
                 job.put("text", piece)
+                # a token's time: what queues while the handler is busy goes out as one chunk (choices.Choice)
+                time.sleep(0.002)
             job.put("done", "stop", usage(len(job.ids), len(script), 0))
 
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")

@@ -54,24 +54,48 @@ def test_warm_up_runs_the_products_on_cuda_only(monkeypatch):
     assert warmup.warm_up(load("dummy:tiny-qwen3")[0], lines.append) == 0
 
 
-def test_warm_batch_runs_one_traced_batch_on_cuda_when_the_server_batches_past_the_gemv_rows(monkeypatch):
+def _traced_sizes(monkeypatch):
+    """The rows (padding included) of every traced step run from now on."""
     from metalgen import batch_step
 
-    model = load("dummy:tiny-qwen3", dtype="float32")[0]
-    rows = K.GEMV_MAX_ROWS + 1
     sizes = []
-    real = batch_step.BatchStep.hidden
+    real = batch_step.BatchStep._hidden
 
     def spy(self, tokens, cache):
         sizes.append(tokens.shape[0])
         return real(self, tokens, cache)
 
-    monkeypatch.setattr(batch_step.BatchStep, "hidden", spy)
+    monkeypatch.setattr(batch_step.BatchStep, "_hidden", spy)
+    return sizes
+
+
+def test_warm_batch_runs_every_padded_batch_size_on_cuda_when_the_server_batches_past_the_gemv_rows(monkeypatch):
+    from metalgen.batch_step import ROW_BUCKET
+
+    model = load("dummy:tiny-qwen3", dtype="float32")[0]
+    least = K.GEMV_MAX_ROWS + 1
+    sizes = _traced_sizes(monkeypatch)
     lines = []
     monkeypatch.setattr(warmup, "_on_cuda", lambda: False)
     assert warmup.warm_batch(model, 32, lines.append) == 0 and sizes == [] and lines == []
     monkeypatch.setattr(warmup, "_on_cuda", lambda: True)
-    assert warmup.warm_batch(model, rows - 1, lines.append) == 0 and sizes == []  # never that many rows
-    assert warmup.warm_batch(model, 32, lines.append) == rows
-    assert sizes == [rows, rows]  # two steps of every row past their first tokens: traced ones
+    assert warmup.warm_batch(model, least - 1, lines.append) == 0 and sizes == []  # never that many rows
+    assert warmup.warm_batch(model, 20, lines.append) == 20
+    # the batch grows a prefill group (8 rows) a step: 8, 16, then 20 rows padded to 24
+    assert sorted(set(sizes)) == [ROW_BUCKET, 2 * ROW_BUCKET, 3 * ROW_BUCKET] and sizes[2] == 24
     assert len(lines) == 2 and lines[1].startswith("batched step ready")
+    sizes.clear()
+    assert warmup.warm_batch(model, 32, lines.append) == 32
+    assert sorted(set(sizes)) == [8, 16, 24, 32]
+
+
+def test_warm_batch_of_a_hybrid_stack_runs_its_least_traced_size(monkeypatch):
+    # its step is not padded: every size would have to be run, so only the first traced one is
+    from checkpoints import HYBRID_BATCH_CONFIGS, tiny_model
+
+    model = tiny_model(HYBRID_BATCH_CONFIGS["qwen3_next"])
+    least = K.GEMV_MAX_ROWS + 1
+    sizes = _traced_sizes(monkeypatch)
+    monkeypatch.setattr(warmup, "_on_cuda", lambda: True)
+    assert warmup.warm_batch(model, 32) == least
+    assert set(sizes) == {least}

@@ -31,22 +31,31 @@ class Choice:
 
     async def items(self) -> AsyncIterator[Tuple]:
         while True:
-            event = await self.job.events.get()
-            if event[0] == "token":
-                if self.logprobs is not None:
-                    self.logprobs.add(*event[1:])
-                continue
-            if event[0] == "text":
-                for item in self._split(event[1], False):
+            # with it, whatever queued since: a loop that fell behind the engine (many streams) sends one chunk
+            # for all their text, not a chunk a token
+            ready = [await self.job.events.get()]
+            while not self.job.events.empty():
+                ready.append(self.job.events.get_nowait())
+            text = []
+            for event in ready:
+                if event[0] == "token":
+                    if self.logprobs is not None:
+                        self.logprobs.add(*event[1:])
+                    continue
+                if event[0] == "text":
+                    text.append(event[1])
+                    continue
+                for item in self._split("".join(text), False) if text else ():
                     yield item
-                continue
-            if event[0] == "done":
-                for item in self._split("", True):
-                    yield item
-                if self.tools is not None and self.tools.calls and event[1] == "stop":
-                    event = ("done", "tool_calls", event[2])
-            yield event
-            return
+                if event[0] == "done":
+                    for item in self._split("", True):
+                        yield item
+                    if self.tools is not None and self.tools.calls and event[1] == "stop":
+                        event = ("done", "tool_calls", event[2])
+                yield event
+                return
+            for item in self._split("".join(text), False):
+                yield item
 
     def _split(self, text: str, end: bool) -> List[Tuple]:
         if self.reasoning is None:
@@ -66,6 +75,10 @@ class Choice:
 
 async def _merged(choices: List[Choice]) -> AsyncIterator[Tuple[Choice, Tuple]]:
     """Every choice's items as they come, each with its choice; until every choice is done or failed."""
+    if len(choices) == 1:  # the usual request: no task and queue a token in between
+        async for item in choices[0].items():
+            yield choices[0], item
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(c: Choice) -> None:

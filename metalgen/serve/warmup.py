@@ -10,7 +10,11 @@ every class (a batch of B rows is B rows; a chunk of a prompt is as many rows as
 A batched server's first step above kernels_metal.GEMV_MAX_ROWS rows runs the traced layer halves
 (metalgen.batch_step) for the first time, and MLX compiles their fused kernels then: 2.1 s a step for
 qwen3-0.6b and 6.1 s for qwen3.5-0.8b (H200, 2026-11-26, benchmarks/batch_step_probe.py's first arrivals),
-against 0.03-0.3 s once built. `warm_batch` runs one short batch of that size before the server starts.
+against 0.03-0.3 s once built, and again for each batch size the traced step has not met: a step of 31 rows
+took 2.9 s mid-traffic (qwen3-0.6b, a fresh H200, 2026-11-26). The step runs a dense or MoE stack's rows
+padded to a multiple of metalgen.batch_step.ROW_BUCKET, so `warm_batch` runs a batch that grows through each
+of those sizes up to the server's --max-batch before the server starts (a hybrid stack's step, not padded:
+the smallest traced size only).
 """
 
 from __future__ import annotations
@@ -63,20 +67,24 @@ def warm_up(model, say: Callable[[str], None] = lambda _: None) -> int:
 
 
 def warm_batch(model, max_batch: int, say: Callable[[str], None] = lambda _: None) -> int:
-    """On CUDA, for a server that batches past kernels_metal.GEMV_MAX_ROWS rows: a batch of that many rows
-    plus one (prompts of 4 tokens, 3 tokens each) through metalgen.batch.BatchGenerator, so that the traced
-    step's kernels and the batch's own (paged attention, the row sampler) are built now. `say` as warm_up's.
-    Returns the rows run (0 when nothing was to do)."""
+    """On CUDA, for a server that batches past kernels_metal.GEMV_MAX_ROWS rows: build the traced step's
+    kernels and the batch's own (paged attention, the row sampler) now, for every padded batch size up to
+    `max_batch` (metalgen.batch_step.ROW_BUCKET apart). Prompts of 4 tokens join 8 at a time (a prefill
+    group), so the batch grows through each size, then generates 3 more tokens. `say` as warm_up's.
+    Returns the most rows run (0 when nothing was to do)."""
     from ..batch import BatchGenerator
+    from ..batch_step import ROW_BUCKET
 
-    rows = K.GEMV_MAX_ROWS + 1
-    if not _on_cuda() or max_batch < rows:
+    least = K.GEMV_MAX_ROWS + 1
+    if not _on_cuda() or max_batch < least:
         return 0
-    say(f"preparing the batched step's kernels ({rows} rows)")
+    gen = BatchGenerator(model, max_batch=max_batch, prefill_batch=ROW_BUCKET)
+    rows = max_batch if gen.pads_rows else least
+    say(f"preparing the batched step's kernels ({least} to {rows} rows)")
     t0 = time.perf_counter()
-    gen = BatchGenerator(model, max_batch=rows)
+    joins = -(-rows // ROW_BUCKET)  # steps until the last group is in: every row must still be running then
     for i in range(rows):
-        gen.insert([1 + i, 2, 3, 4], 3)
+        gen.insert([1 + i, 2, 3, 4], joins + 3)
     while gen.busy:
         gen.step()
     say(f"batched step ready in {time.perf_counter() - t0:.1f} s")
