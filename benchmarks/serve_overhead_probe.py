@@ -38,8 +38,8 @@ class InstantBatch:
     """BatchGenerator's interface as the engine uses it, without a model: every row gets a token a step
     (ids cycling through `vocab`), after `step_s` seconds."""
 
-    def __init__(self, step_s: float, vocab: List[int]):
-        self.step_s, self.vocab = step_s, vocab
+    def __init__(self, step_s: float, vocab: List[int], hold_s: float = 0.0):
+        self.step_s, self.vocab, self.hold_s = step_s, vocab, hold_s
         self.rows: List[list] = []  # [uid, budget, generated]
         self.waiting: List[list] = []
         self.prefilling = None
@@ -68,7 +68,11 @@ class InstantBatch:
         self.waiting = []
         if not self.rows:
             return []
-        time.sleep(self.step_s)
+        # the engine's Python (building the step's graph) holds the GIL; MLX launching and waiting does not
+        end = time.perf_counter() + self.hold_s
+        while time.perf_counter() < end:
+            pass
+        time.sleep(self.step_s - self.hold_s)
         out = []
         for r in self.rows:
             token = self.vocab[(r[0] + r[2]) % len(self.vocab)]
@@ -78,14 +82,14 @@ class InstantBatch:
 
 
 class ProbeEngine(Engine):
-    def __init__(self, *args, step_s: float, **kwargs):
-        self._probe_step_s = step_s
+    def __init__(self, *args, step_s: float, hold_s: float = 0.0, **kwargs):
+        self._probe_step_s, self._probe_hold_s = step_s, hold_s
         super().__init__(*args, **kwargs)
 
     def _new_batch(self):
         words = "river stone garden light window market paper silver number music".split()
         vocab = [self.tokenizer.encode(" " + w, add_special_tokens=False)[0] for w in words]
-        return InstantBatch(self._probe_step_s, vocab)
+        return InstantBatch(self._probe_step_s, vocab, self._probe_hold_s)
 
 
 def main() -> None:
@@ -93,11 +97,18 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=7.0)
     ap.add_argument("--concurrency", default="8,32")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--hold-ms", type=float, default=0.0,
+                    help="of each step, the part spent in Python holding the GIL (the engine building its graph)")
+    ap.add_argument("--switch-ms", type=float, default=None,
+                    help="Python's switch interval (default: Python's, 5 ms, as `metalgen serve` runs)")
     args = ap.parse_args()
+    if args.switch_ms is not None:
+        sys.setswitchinterval(args.switch_ms / 1e3)
     model, tok = metalgen.load("dummy:tiny-qwen3", dtype="float32")
     engine = ProbeEngine(model, tok, NAME, decode="plain", max_batch=64, prefix_cache_gb=0,
-                         step_s=args.step_ms / 1e3)
-    print(f"stand-in step {args.step_ms} ms, {args.tokens} tokens a request, two requests a client")
+                         step_s=args.step_ms / 1e3, hold_s=args.hold_ms / 1e3)
+    print(f"stand-in step {args.step_ms} ms ({args.hold_ms} ms of it holding the GIL), {args.tokens} tokens a "
+          f"request, two requests a client, switch interval {sys.getswitchinterval() * 1e3:.1f} ms")
     print(" streams  aggregate tok/s  per-stream tok/s  ms a step  (server's part)")
     with live_server(make_app(engine, args.tokens)) as port:
         for c in (int(x) for x in args.concurrency.split(",")):

@@ -79,6 +79,7 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
 def test_the_single_products_are_for_cuda_by_default(monkeypatch):
     # elsewhere stacking the weights would hold a second copy of the largest ones while it runs
     model = tiny_model(BATCH_CONFIGS["qwen3"])
+    monkeypatch.setattr(K, "backend", lambda: "cpu")  # (any backend but CUDA: this test runs on the GPU too)
     assert BatchStep(model).fused is None and BatchStep(model, fuse=False).fused is None
     monkeypatch.setattr(K, "backend", lambda: "cuda")
     assert BatchStep(model).fused is not None

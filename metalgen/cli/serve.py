@@ -126,10 +126,6 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(model, tokenizer, name, decode=args.decode, prefill_step_size=args.prefill_step_size,
                         max_batch=args.max_batch, prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue,
                         tracer=tracer)
-    # the worker thread and the handlers' loop share the GIL: a thread that wants it back (the worker after
-    # launching a step, the loop after a readback's events) waits until the other blocks or the switch interval
-    # ends, 5 ms by default, about a batched step; 0.5 ms bounds what the worker waits
-    sys.setswitchinterval(5e-4)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:
