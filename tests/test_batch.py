@@ -564,3 +564,38 @@ def test_rows_with_one_prompt_share_its_prefill():
     for u in twins:
         gen.remove(u)
     assert not gen.busy and gen.step() == [] and gen.prefilling is None
+
+
+def kv_alone(model, ids):
+    """The keys and values of `ids` run alone, (layers, kv_heads, n, head_dim) each, as the prefix cache
+    holds them."""
+    from metalgen.batch_cache import BatchKVCache
+
+    caches = [BatchKVCache.empty([0]) for _ in model.layers]
+    mx.eval(model.hidden(mx.array([ids], mx.int32), cache=caches))
+    n = len(ids)
+    return (mx.stack([c.keys[0, :, :n, :] for c in caches]), mx.stack([c.values[0, :, :n, :] for c in caches]))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_rows_that_store_together_each_store_their_own_kv(kind):
+    """Three prompts (9, 6 and 12 tokens: each row its own padding) prefilled as one group go into the
+    prefix cache together when their prefill ends, and leave the batch together 4 tokens later: one copy of
+    the group's layers, and of the leaving rows' blocks, serves them all. Each prompt, and each sequence as
+    it left, holds the keys and values it has run alone."""
+    model = tiny_model(CONFIGS[kind])
+    rng = np.random.default_rng(21)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (9, 6, 12)]
+    cache = PrefixCache(1 << 24)
+    buf = io.StringIO()
+    gen = BatchGenerator(model, prefill_step_size=64, prefix_cache=cache, tracer=Tracer(buf))
+    uids = [gen.insert(p, 4) for p in prompts]
+    got = collect(steps(gen))
+    assert [(e["rows"], e["tokens"]) for e in spans(buf, "prefill")] == [(3, 36)]
+    assert gen.step() == [] and gen.rows == []  # the three leave in one step
+    for u, p in zip(uids, prompts):
+        left = p + [r.token for r in got[u]][:3]  # the last token was never fed
+        for ids in (p, left):
+            assert cache.match(ids) == len(ids)
+            for held, want in zip(cache.fetch(ids, len(ids)), kv_alone(model, ids)):
+                assert np.allclose(np.array(held), np.array(want), atol=1e-5), (kind, len(ids))

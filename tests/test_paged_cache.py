@@ -176,3 +176,19 @@ def test_the_step_table_follows_rows_over_many_blocks_and_joins():
             n = cache.lengths[b] - 1  # the position this step writes
             assert slots[b] == blocks[n // 16] * 16 + n % 16
     assert cache.lengths == [40 + 40] and len(cache.blocks[0]) == 5
+
+
+def test_rows_leaving_together_share_one_copy_and_each_get_their_own_positions():
+    cache = PagedBatchCache(num_layers=3, block_size=16)
+    group = group_of([3, 20, 17], layers=3)
+    cache.join(group, [0, 1, 2])
+    slicers = cache.row_slicers([2, 0])
+    for b, slicer in zip([2, 0], slicers):
+        for begin, end in ((0, cache.lengths[b]), (1, 3)):
+            k, v = slicer(begin, end)
+            assert k.shape == (3, 2, end - begin, 4)
+            for layer in range(3):
+                assert np.array_equal(np.array(k[layer]), written(group, b, layer)[:, begin:end])
+                assert np.array_equal(np.array(v[layer]), -written(group, b, layer)[:, begin:end])
+    with pytest.raises(MetalgenError, match="row 0 holds 3 positions"):
+        slicers[1](2, 4)
