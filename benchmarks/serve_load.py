@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/serve_load.py --model dummy:qwen3-0.6b [--engines metalgen,mlx_lm]
         [--concurrency 1,8,32,128] [--prompt-tokens 128] [--gen-tokens 128] [--max-batch 32]
-        [--chat-tokens 4096] --out DIR
+        [--chat-tokens 4096] [--repeats 2] [--interleave] --out DIR
 
 An engine name may carry its own max batch: `metalgen@1` serves one request at a time (on the fast
 decode path, with prefix reuse), `metalgen@32` batches up to 32.
@@ -11,10 +11,14 @@ For each engine a server is started in its own process on the same checkpoint fo
 is written once as a Hugging Face folder from mlx-lm's own model class: metalgen.bench_mlx_lm), then for
 each concurrency level that many clients stream `/v1/completions` (temperature 0, distinct prompts of
 about --prompt-tokens tokens, --gen-tokens tokens each) until each has sent two requests; a level runs
---repeats times (default 2), each run with prompts of its own, and the last run is reported, the earlier
-ones' rates kept in the JSON (the first run of a level meets batch sizes and shapes the server has not built
-kernels for). Before 2026-11-26 every run of a level sent the same prompts, so that a run could find them
-in the server's prefix cache, whole or in part as its budget evicted them: results/ from before then. Reported per
+--repeats times (default 2), each run with prompts of its own. Of 3 or more runs the median one of those after
+the first is reported (the first meets batch sizes and shapes the server has not built kernels for), of
+fewer the last; every run's rate is kept in the JSON (`runs_tok_s`; results from before 2026-11-26's
+`--interleave` report the last run, with the others in `earlier_tok_s`). With --interleave, every engine's
+server is started at once and each run of a level goes engine after engine, so that the machine's drift
+(one tree moved by 15-25% between runs and leases of an H200, benchmarks/results/serve_load_h200_2026-11-26)
+falls on every engine alike. Before 2026-11-26 every run of a level sent the same prompts, so that a run could
+find them in the server's prefix cache, whole or in part as its budget evicted them: results/ from before then. Reported per
 level: aggregate completion tokens/s (all tokens over the level's wall time), the time to first token
 p50 / p99, and each stream's decode rate. With --chat-tokens, a two-turn chat (a prompt of that many
 tokens, then the same conversation plus the reply and a new question, after a warm-up conversation (both
@@ -178,6 +182,16 @@ async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
 
 
+def reported_run(runs: List[Dict]) -> Dict:
+    """The run a level reports: of three or more, the median one (by aggregate tokens/s) of those after the
+    first, which meets batch sizes and prompt shapes the server has not run yet (MLX builds kernels on first
+    use); of fewer, the last."""
+    if len(runs) < 3:
+        return runs[-1]
+    warm = sorted(runs[1:], key=lambda r: r["aggregate_tok_s"])
+    return warm[(len(warm) - 1) // 2]
+
+
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600.0, path: str = "/v1/models") -> None:
     """Poll `path` of the server `proc` started on `port` until it answers (an error if it exits or times out)."""
     import urllib.request
@@ -242,7 +256,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--chat-tokens", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each level; the last is reported")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of each level: of 3 or more the median of those after the first is reported, "
+                         "else the last")
+    ap.add_argument("--interleave", action="store_true",
+                    help="start every engine's server at once and run each level's runs engine after engine, so "
+                         "that the machine's drift over the runs falls on every engine alike")
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefill-step-size", type=int, default=None,
                     help="metalgen servers' --prefill-step-size (default: theirs)")
@@ -253,49 +272,89 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = write_checkpoint(args.model, out / "checkpoint")
+    engines = args.engines.split(",")
+    concurrency = [int(x) for x in args.concurrency.split(",")]
     rows = []
+    servers: Dict[str, tuple] = {}  # engine -> (process, port, log)
+
+    def serve(engine: str) -> int:
+        """Start `engine`'s server, wait for it, warm it; its port."""
+        port = free_port()
+        log = open(out / f"server_{engine.replace('@', '_b')}.log", "w")
+        trace = out / f"trace_{engine.replace('@', '_b')}.jsonl" if args.profile else None
+        proc = start(engine, folder, port, args.max_batch, log, trace, args.prefill_step_size)
+        servers[engine] = proc, port, log
+        wait_ready(port, proc)
+        asyncio.run(level(port, str(folder), 1, 16, 8, args.seed))  # warm-up: kernels built, first graphs made
+        return port
+
+    def stop(engine: str) -> None:
+        proc, _, log = servers.pop(engine)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+    def run_level(engine: str, port: int, c: int, seed: int) -> Dict:
+        return asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, seed))
+
+    def report(engine: str, runs: List[Dict]) -> Dict:
+        r = dict(reported_run(runs), engine=engine, model=args.model, max_batch=args.max_batch,
+                 runs_tok_s=[x["aggregate_tok_s"] for x in runs])
+        print(json.dumps(r), flush=True)
+        jl.write(json.dumps(r) + "\n")
+        rows.append(r)
+        return r
+
+    def chat(engine: str, port: int) -> None:
+        r = dict(asyncio.run(chat_turns(port, str(folder), args.chat_tokens, args.seed)), engine=engine,
+                 model=args.model)
+        print(json.dumps(r), flush=True)
+        jl.write(json.dumps(r) + "\n")
+        rows.append(r)
+
+    # each run of a level its own prompts: a run given the prompts of the one before would find them in the
+    # server's prefix cache (or part of them, as its budget evicts), and measure that. Engines interleaved
+    # get the same prompts in a run (each server has a cache of its own)
+    def seeds(c: int) -> List[int]:
+        return [args.seed * 1_000_003 + 1009 * c + run for run in range(args.repeats)]
+
     with open(out / "serve_load.jsonl", "a") as jl:
-        for engine in args.engines.split(","):
-            port = free_port()
-            with open(out / f"server_{engine.replace('@', '_b')}.log", "w") as log:
-                trace = out / f"trace_{engine.replace('@', '_b')}.jsonl" if args.profile else None
-                proc = start(engine, folder, port, args.max_batch, log, trace, args.prefill_step_size)
-                try:
-                    wait_ready(port, proc)
-                    asyncio.run(level(port, str(folder), 1, 16, 8, args.seed))  # warm-up: kernels built, first graphs made
-                    for c in (int(x) for x in args.concurrency.split(",")):
-                        # the level run --repeats times, the last one reported: the first meets batch sizes and
-                        # prompt shapes the server has not run yet (MLX builds kernels on first use)
-                        # each run its own prompts: a run given the prompts of the one before would find them in
-                        # the server's prefix cache (or part of them, as its budget evicts), and measure that
-                        seeds = [args.seed * 1_000_003 + 1009 * c + run for run in range(args.repeats)]
-                        cold = [asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens,
-                                                  seed))["aggregate_tok_s"] for seed in seeds[:-1]]
-                        r = dict(asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, seeds[-1])),
-                                 engine=engine, model=args.model, max_batch=args.max_batch, earlier_tok_s=cold)
-                        print(json.dumps(r), flush=True)
-                        jl.write(json.dumps(r) + "\n")
-                        rows.append(r)
+        try:
+            if args.interleave:
+                ports = {engine: serve(engine) for engine in engines}
+                for c in concurrency:
+                    runs: Dict[str, List[Dict]] = {engine: [] for engine in engines}
+                    for seed in seeds(c):  # a run of each engine in turn: the machine's drift falls on both
+                        for engine in engines:
+                            runs[engine].append(run_level(engine, ports[engine], c, seed))
+                    for engine in engines:
+                        report(engine, runs[engine])
+                if args.chat_tokens:
+                    for engine in engines:
+                        chat(engine, ports[engine])
+            else:
+                for engine in engines:
+                    port = serve(engine)
+                    for c in concurrency:
+                        report(engine, [run_level(engine, port, c, seed) for seed in seeds(c)])
                     if args.chat_tokens:
-                        r = dict(asyncio.run(chat_turns(port, str(folder), args.chat_tokens, args.seed)), engine=engine,
-                                 model=args.model)
-                        print(json.dumps(r), flush=True)
-                        jl.write(json.dumps(r) + "\n")
-                        rows.append(r)
-                finally:
-                    proc.terminate()
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                        chat(engine, port)
+                    stop(engine)
+        finally:
+            for engine in list(servers):
+                stop(engine)
     levels = [r for r in rows if "concurrency" in r]
     lines = [f"# {args.model}: prompt ~{args.prompt_tokens}, {args.gen_tokens} tokens, max batch {args.max_batch}",
-             "", "| engine | streams | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |",
-             "|---|---|---|---|---|---|"]
+             "", "| engine | streams | aggregate tok/s | every run's tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |",
+             "|---|---|---|---|---|---|---|"]
     for r in levels:
         rate = f"{r['stream_tok_s_median']:.1f}" if r["stream_tok_s_median"] else "-"
-        lines.append(f"| {r['engine']} | {r['concurrency']} | {r['aggregate_tok_s']:.1f} | {r['ttft_p50_ms']:.1f} | "
-                     f"{r['ttft_p99_ms']:.1f} | {rate} |")
+        every = " / ".join(f"{x:.0f}" for x in r["runs_tok_s"])
+        lines.append(f"| {r['engine']} | {r['concurrency']} | {r['aggregate_tok_s']:.1f} | {every} | "
+                     f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {rate} |")
     for r in rows:
         if "chat_tokens" in r:
             lines.append(f"\n{r['engine']}: {r['chat_tokens']}-token chat, first token of turn 1 "
