@@ -27,10 +27,11 @@ kernels_metal.GEMV_MAX_ROWS rows: at fewer rows the products may be custom GEMV 
 themselves eagerly on first use, which a trace cannot do; those steps run the layers as they are. A
 sparse (MoE) layer's feed-forward half stays untraced for the same reason (its routing kernels).
 
-A hybrid stack's layers split the same way: a Gated DeltaNet layer around its conv-and-delta-rule step
-(one kernels_metal.gated_delta_conv_step launch over the rows' states, untraced: it checks itself eagerly
-too), a gated attention layer around the paged cache; the output gate (z, or the attention's gate) goes
-from the first half to the second.
+A hybrid stack's layers are chained the same way: a Gated DeltaNet layer around its conv-and-delta-rule
+step (one kernels_metal.gated_delta_conv_step launch over the rows' states, untraced: it checks itself
+eagerly too), a gated attention layer around the paged cache; the output gate (z, or the attention's gate)
+goes from the first half to the second, and each residual add goes with the norm after it as in a dense
+layer (2 launches a layer fewer than adding apart; not measured on a GPU yet).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import mlx.nn as nn
 
 import kernels_metal as K
 
-from .decode.compiled import attention_halves
+from .decode.compiled import attention_project
 from .decode.path import AUTO_MEGAKERNEL, stacked_weights
 from .decode.stacked import unsupported_reason
 from .models.decoder import DecoderLayer
@@ -63,14 +64,6 @@ class _Chained(NamedTuple):
     after: Callable
 
 
-class _Split(NamedTuple):
-    """A layer's halves with its residual added in `after`: h = after(h, *middle(cache, *before(h, positions)))."""
-
-    before: Callable
-    middle: Callable
-    after: Callable
-
-
 ROW_BUCKET = 8  # a traced step's rows are padded up to a multiple of this (see the module doc)
 
 
@@ -87,11 +80,12 @@ class BatchStep:
             fuse = K.backend() in AUTO_MEGAKERNEL
         # per layer (q/k/v, gate/up) as one product each (a dense stack), else None
         self.fused = _fused_projections(model) if fuse else None
-        self.halves: List[Optional[tuple]] = [_halves(layer, self.fused[i] if self.fused else None)
+        self.halves: List[Optional[_Chained]] = [_halves(layer, self.fused[i] if self.fused else None)
                                               for i, layer in enumerate(model.model.layers)]
         if any(isinstance(hv, _Chained) for hv in self.halves):
             _prime_add_rms_norm(model.model)
-        self.pads = not any(isinstance(hv, _Split) for hv in self.halves)  # not a hybrid stack
+        # a hybrid stack's Gated DeltaNet states are (B, ...) arrays that padding would copy every step
+        self.pads = getattr(model.spec, "hybrid", None) is None
 
     def rows(self, batch: int) -> int:
         """The rows a step of `batch` rows runs, padding included: for cache.begin_step(rows)."""
@@ -122,10 +116,7 @@ class BatchStep:
                 continue
             if delta is not None:
                 h, delta = h + delta, None
-            if halves is None or not traced:
-                h = layer(h, None, c)
-            else:
-                h = halves.after(h, *halves.middle(c, *halves.before(h, positions)))
+            h = layer(h, None, c)
         if delta is None:
             return inner.norm(h)
         return K.add_rms_norm(delta, h, inner.norm.weight, inner.norm.eps)[0]
@@ -170,9 +161,9 @@ def _prime_add_rms_norm(inner) -> None:
     mx.eval(K.add_rms_norm(x, x, norm.weight, norm.eps))
 
 
-def _halves(layer, fused: Optional[Tuple]) -> Optional[tuple]:
-    """The halves of a layer (None for a layer of another kind: it runs as it is): a decoder layer's
-    chained (_dense_halves), a hybrid stack's split (_hybrid_halves)."""
+def _halves(layer, fused: Optional[Tuple]) -> Optional[_Chained]:
+    """The chained halves of a layer (None for a layer of another kind: it runs as it is): a decoder
+    layer's (_dense_halves), a hybrid stack's (_hybrid_halves)."""
     if type(layer) is HybridLayer:
         return _hybrid_halves(layer)
     if type(layer) is not DecoderLayer:
@@ -231,28 +222,46 @@ def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
     return _Chained(mx.compile(first), mx.compile(next_), middle, mx.compile(after) if dense else after)
 
 
-def _hybrid_halves(layer) -> _Split:
-    """(before, middle, after) of a hybrid stack's layer: a Gated DeltaNet layer around its step over the
-    rows' states, a gated attention layer around the paged cache; each carries its output gate through."""
+def _hybrid_halves(layer) -> _Chained:
+    """A hybrid stack's layer chained as a dense one's (_Chained): a Gated DeltaNet layer around its step over
+    the rows' states, a gated attention layer around the paged cache, each carrying its output gate through
+    `middle`; the residual add before the post-attention norm is one add_rms_norm launch, and the MLP's
+    output is added by the next layer's input norm."""
     if "linear_attn" in layer:
         lin = layer.linear_attn
 
-        def before(h, positions):
-            # h (B, 1, hidden) -> mixed q|k|v (B, 1, conv_dim), z (B, 1, Hv, Dv), b, a (B, 1, Hv)
-            return lin.project(layer.input_layernorm(h))
+        def project(x, positions):
+            # x (B, 1, hidden) -> mixed q|k|v (B, 1, conv_dim), z (B, 1, Hv, Dv), b, a (B, 1, Hv)
+            return lin.project(x)
 
         def middle(c, mixed, z, b, a):
             return lin.step(mixed, b, a, c), z
 
-        def after(h, o, z):
-            h = h + lin.output(o, z)
-            return h + layer.mlp(layer.post_attention_layernorm(h))
+        def output(o, z):
+            return lin.output(o, z)
     else:
-        # the compiled single-sequence path's halves: positions (B,) turn each row at its own
-        before, after = attention_halves(layer)
         attn = layer.self_attn
+        # the compiled single-sequence path's: positions (B,) turn each row at its own
+        project = attention_project(layer)
 
         def middle(c, q, k, v, gate):
             return c.attend(q, k, v, attn.scale), gate
 
-    return _Split(mx.compile(before), middle, mx.compile(after) if isinstance(layer.mlp, MLP) else after)
+        def output(o, gate):
+            return attn.output(o, gate)
+
+    def first(h, positions):
+        return (h, *project(layer.input_layernorm(h), positions))
+
+    def next_(h, delta, positions):
+        norm = layer.input_layernorm
+        x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
+        return (h, *project(x, positions))
+
+    def after(h, o, gate):
+        norm = layer.post_attention_layernorm
+        y, h = K.add_rms_norm(output(o, gate), h, norm.weight, norm.eps)
+        return h, layer.mlp(y)
+
+    dense = isinstance(layer.mlp, MLP)
+    return _Chained(mx.compile(first), mx.compile(next_), middle, mx.compile(after) if dense else after)

@@ -91,17 +91,30 @@ def attention_halves(layer):
     `position` (an int32 array: a scalar, or one a row), v, the output gate; after(h, o, gate) -> h. (The
     batch's step splits these layers the same way: metalgen.batch_step.)"""
     attn = layer.self_attn
+    project = attention_project(layer)
 
     def before(h, position):
         # h (1, 1, hidden), position () int32 -> q, k turned, v (1, heads, 1, D), gate (1, 1, heads * D)
-        q, k, v, gate = attn.project(layer.input_layernorm(h))
-        return attn.turn(q, position), attn.turn(k, position), v, gate
+        return project(layer.input_layernorm(h), position)
 
     def after(h, o, gate):
         h = h + attn.output(o, gate)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     return before, after
+
+
+def attention_project(layer):
+    """A gated attention layer's projections of its normed input: (x (B, 1, hidden), position: an int32
+    scalar, or one a row (B,)) -> q, k turned at the position, v (B, heads, 1, D), the output gate
+    (B, 1, heads * D)."""
+    attn = layer.self_attn
+
+    def project(x, position):
+        q, k, v, gate = attn.project(x)
+        return attn.turn(q, position), attn.turn(k, position), v, gate
+
+    return project
 
 
 def supports(cache) -> bool:
