@@ -203,12 +203,6 @@ class BatchGenerator:
                 r.done = True  # a prefilling row leaves its group at the next step
 
     @property
-    def pads_rows(self) -> bool:
-        """Whether the traced decode step pads the batch's rows to a few sizes (metalgen.batch_step.ROW_BUCKET):
-        not for a hybrid stack."""
-        return self._step.pads
-
-    @property
     def joining(self) -> int:
         """Sequences inserted that are not in the batch yet: waiting, or being prefilled."""
         return len(self.waiting) + (sum(not r.done for r in self.prefilling.members) if self.prefilling else 0)

@@ -15,14 +15,14 @@ own layout, built once for both), and qk_rope_store reads q, k and v in place fr
 each residual add goes with the norm after it (kernels_metal.add_rms_norm: one launch for two), the MLP's
 add deferred to the next layer's input norm (or the final norm). 15 launches a layer become 9.
 
-The halves are traced for each batch size met (MLX keys a trace by its input shapes), so a dense or MoE
-stack's step runs its rows padded up to a multiple of ROW_BUCKET (`rows`; the padding rows are the paged
+The halves are traced for each batch size met (MLX keys a trace by its input shapes), so the step runs
+its rows padded up to a multiple of ROW_BUCKET (`rows`; the padding rows are the paged
 cache's, PagedBatchCache.begin_step): a batch whose size moves as requests come and go meets 4 sizes up to
 32 rows rather than 28, each traced, and its kernels built, the first time it occurs (seconds for a size new
 to the machine, measured mid-traffic: benchmarks/results/batch_step_h200_2026-11-26), and the server can
 warm them all at start-up (metalgen.serve.warmup.warm_batch). Padding rows cost the device little: the
-step's products read each weight once for any rows. A hybrid stack's step is not padded: its Gated DeltaNet
-states are (B, ...) arrays that padding would copy every step. The halves run only above
+step's products read each weight once for any rows; a hybrid stack's Gated DeltaNet states are padded
+where the batch's size changes, not every step (paged_cache.LinearRowStates.pad). The halves run only above
 kernels_metal.GEMV_MAX_ROWS rows: at fewer rows the products may be custom GEMV kernels, which check
 themselves eagerly on first use, which a trace cannot do; those steps run the layers as they are. A
 sparse (MoE) layer's feed-forward half stays untraced for the same reason (its routing kernels).
@@ -84,12 +84,10 @@ class BatchStep:
                                               for i, layer in enumerate(model.model.layers)]
         if any(isinstance(hv, _Chained) for hv in self.halves):
             _prime_add_rms_norm(model.model)
-        # a hybrid stack's Gated DeltaNet states are (B, ...) arrays that padding would copy every step
-        self.pads = getattr(model.spec, "hybrid", None) is None
 
     def rows(self, batch: int) -> int:
         """The rows a step of `batch` rows runs, padding included: for cache.begin_step(rows)."""
-        if batch <= K.GEMV_MAX_ROWS or not self.pads:
+        if batch <= K.GEMV_MAX_ROWS:
             return batch
         return -(-batch // ROW_BUCKET) * ROW_BUCKET
 

@@ -105,7 +105,13 @@ class LinearRowStates(LinearAttnCache):
     (B, kernel - 1, conv_dim) and the recurrent state (B, value_heads, key_head_dim, value_head_dim), which
     the layer's decode step replaces (models/gated_delta.py). Rows join with the states their prefill
     left (`join`) and leave by a gather of the others (`keep`): a few MB a layer, against a whole sequence's
-    KV for an attention layer."""
+    KV for an attention layer. A step padded to more rows (PagedBatchCache.begin_step) runs on arrays of
+    that many rows (`pad`): the first `rows` are the batch's, the others padding, dropped when rows join
+    or leave."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = 0  # the batch's rows, the first of the arrays' rows
 
     def join(self, group: BatchLinearCache, at: mx.array) -> None:
         """Append rows `at` (int32 indices, a row possibly twice) of a prefilled group's states."""
@@ -113,12 +119,26 @@ class LinearRowStates(LinearAttnCache):
         if self.recurrent is None:
             self.conv_state, self.recurrent = conv, rec
         else:
+            self._drop_padding()
             self.conv_state = mx.concatenate([self.conv_state, conv.astype(self.conv_state.dtype)])
             self.recurrent = mx.concatenate([self.recurrent, rec])
+        self.rows += int(at.shape[0])
 
     def keep(self, keep: mx.array) -> None:
         """Keep only the rows `keep` (int32 indices, in that order)."""
         self.conv_state, self.recurrent = self.conv_state[keep], self.recurrent[keep]
+        self.rows = int(keep.shape[0])
+
+    def pad(self, rows: int) -> None:
+        """Arrays of `rows` rows for a padded step (zeros past the batch's, or what the last padded step left)."""
+        extra = rows - self.recurrent.shape[0]
+        if extra > 0:
+            self.conv_state = mx.pad(self.conv_state, [(0, extra)] + [(0, 0)] * (self.conv_state.ndim - 1))
+            self.recurrent = mx.pad(self.recurrent, [(0, extra)] + [(0, 0)] * (self.recurrent.ndim - 1))
+
+    def _drop_padding(self) -> None:
+        if self.recurrent.shape[0] > self.rows:
+            self.conv_state, self.recurrent = self.conv_state[: self.rows], self.recurrent[: self.rows]
 
 
 class PagedBatchCache:
@@ -233,8 +253,8 @@ class PagedBatchCache:
 
         rows: the step's arrays padded to this many rows (at least the batch's), for a step traced for a few
         batch sizes only (metalgen.batch_step). A padding row is at position 0, writes into a block that no
-        row holds (the same slot for all of them) and attends to that slot alone; the rows' own are as
-        without padding."""
+        row holds (the same slot for all of them) and attends to that slot alone, and has states of its own
+        in each Gated DeltaNet layer (LinearRowStates.pad); the rows' own are as without padding."""
         bs = self.block_size
         if self._table is None or self._table.shape[0] != len(self.blocks):
             self._table = _table_of(self.blocks)
@@ -257,6 +277,8 @@ class PagedBatchCache:
             lengths = np.concatenate([lengths, np.zeros(pad, np.int32)])
             slots = np.concatenate([slots, np.full(pad, self._spare * bs, slots.dtype)])
             table = np.concatenate([table, np.full((pad, width), self._spare, np.int32)])
+        for layer in self.states:
+            layer.pad(len(lengths))
         self.positions = mx.array(lengths)
         self.kv_lengths = mx.array(lengths + 1)
         self.slots = mx.array(slots.astype(np.int32))

@@ -75,9 +75,9 @@ def test_batched_tokens_equal_each_sequence_alone(kind):
 def test_a_batch_of_traced_steps_gives_each_sequence_its_tokens_alone(kind):
     """8 rows (past kernels_metal.GEMV_MAX_ROWS: the step runs traced layer halves, metalgen.batch_step),
     their budgets staggered so that the batch shrinks through the threshold to the untraced step; one row
-    sampled with a seed, one with a repetition penalty: each row's tokens are those it gets alone. (Heads of
-    64 dims: the norms, RoPE and cache write of the step in one kernels_metal.qk_rope_store launch. A hybrid
-    stack's layers run as they are.)"""
+    sampled with a seed, one with a repetition penalty; two more join when 6 are left (the step padded to 8
+    rows, a hybrid stack's states too): each row's tokens are those it gets alone. (Heads of 64 dims: the
+    norms, RoPE and cache write of the step in one kernels_metal.qk_rope_store launch.)"""
     model = tiny_model(BATCH_CONFIGS_HD64["qwen3"] if kind == "qwen3-hd64" else CONFIGS[kind])
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, 512, int(n)).tolist() for n in rng.integers(3, 30, 8)]
@@ -86,7 +86,15 @@ def test_a_batch_of_traced_steps_gives_each_sequence_its_tokens_alone(kind):
     processors = [[]] * 5 + [make_logits_processors(1.5, 8)] + [[]] * 2
     gen = BatchGenerator(model, max_batch=8)
     uids = [gen.insert(p, n, s, lp) for p, n, s, lp in zip(prompts, budgets, samplers, processors)]
-    tokens, _ = run(gen)
+    late = [rng.integers(0, 512, n).tolist() for n in (7, 19)]
+
+    def join(g):
+        assert len([r for r in g.rows if not r.done]) == 6
+        uids.extend(g.insert(p, 6) for p in late)
+
+    tokens, _ = run(gen, late=(4, join))
+    prompts, budgets = prompts + late, budgets + [6, 6]
+    samplers, processors = samplers + [None, None], processors + [[], []]
     for uid, p, n, s, lp in zip(uids, prompts, budgets, samplers, processors):
         fresh = make_sampler(1.0, seed=3) if s is not None else None  # samplers and processors anew
         assert tokens[uid] == alone(model, p, n, fresh, make_logits_processors(1.5, 8) if lp else []), (kind, uid)

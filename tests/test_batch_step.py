@@ -47,8 +47,6 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
     traced, plain = prefilled(model, prompts), prefilled(model, prompts)
     step = BatchStep(model, fuse=True)  # (by default on CUDA only)
     dense = config.get("num_experts") is None and kind not in HYBRID_BATCH_CONFIGS
-    dense_or_moe = kind not in HYBRID_BATCH_CONFIGS
-    assert step.pads == dense_or_moe
     assert (step.fused is not None) == dense
     if quantized:
         assert isinstance(step.fused[0][0], QuantizedLinear)
@@ -60,10 +58,10 @@ def test_traced_step_equals_the_layers_as_they_are(kind):
             traced.keep(list(range(len(rows))))
             plain.keep(list(range(len(rows))))
         tokens = mx.array(rng.integers(0, 512, len(rows)), mx.int32)
-        # the traced step's rows padded as the batch runs them (a dense or MoE stack: 7 rows run as 8)
+        # the traced step's rows padded as the batch runs them (7 rows run as 8)
         traced.begin_step(step.rows(len(rows)))
         plain.begin_step()
-        assert traced.positions.shape[0] == (len(rows) if s >= 3 or not dense_or_moe else ROW_BUCKET)
+        assert traced.positions.shape[0] == (len(rows) if s >= 3 else ROW_BUCKET)
         got = np.array(step.hidden(tokens, traced))
         want = np.array(model.hidden(tokens[:, None], cache=plain.layers))
         assert got.shape == (len(rows), 1, model.spec.hidden_size)

@@ -192,3 +192,28 @@ def test_rows_leaving_together_share_one_copy_and_each_get_their_own_positions()
                 assert np.array_equal(np.array(v[layer]), -written(group, b, layer)[:, begin:end])
     with pytest.raises(MetalgenError, match="row 0 holds 3 positions"):
         slicers[1](2, 4)
+
+
+def test_row_states_padded_for_a_step_take_joining_rows_after_the_batchs_own():
+    from metalgen.batch_cache import BatchLinearCache
+    from metalgen.paged_cache import LinearRowStates
+
+    def group(first, n):
+        g = BatchLinearCache([0] * n, 4)
+        # row r's values are first + r everywhere: (n, 3, 5) conv taps, (n, 2, 4, 4) states
+        rows = mx.arange(first, first + n, dtype=mx.float32)
+        g.conv_state = mx.broadcast_to(rows[:, None, None], (n, 3, 5))
+        g.recurrent = mx.broadcast_to(rows[:, None, None, None], (n, 2, 4, 4))
+        return g
+
+    states = LinearRowStates()
+    states.join(group(0, 3), mx.array([0, 1, 2], mx.int32))
+    states.pad(8)  # a step of 3 rows run as 8
+    assert states.recurrent.shape[0] == 8 and states.rows == 3
+    states.join(group(10, 2), mx.array([1, 0], mx.int32))  # the padding goes, the new rows follow the batch's
+    assert states.rows == 5 and states.recurrent.shape[0] == 5
+    assert np.array(states.recurrent[:, 0, 0, 0]).tolist() == [0, 1, 2, 11, 10]
+    assert np.array(states.conv_state[:, 0, 0]).tolist() == [0, 1, 2, 11, 10]
+    states.pad(8)
+    states.keep(mx.array([4, 0], mx.int32))
+    assert states.rows == 2 and np.array(states.recurrent[:, 0, 0, 0]).tolist() == [10, 0]

@@ -11,10 +11,9 @@ A batched server's first step above kernels_metal.GEMV_MAX_ROWS rows runs the tr
 (metalgen.batch_step) for the first time, and MLX compiles their fused kernels then: 2.1 s a step for
 qwen3-0.6b and 6.1 s for qwen3.5-0.8b (H200, 2026-11-26, benchmarks/batch_step_probe.py's first arrivals),
 against 0.03-0.3 s once built, and again for each batch size the traced step has not met: a step of 31 rows
-took 2.9 s mid-traffic (qwen3-0.6b, a fresh H200, 2026-11-26). The step runs a dense or MoE stack's rows
+took 2.9 s mid-traffic (qwen3-0.6b, a fresh H200, 2026-11-26). The step runs its rows
 padded to a multiple of metalgen.batch_step.ROW_BUCKET, so `warm_batch` runs a batch that grows through each
-of those sizes up to the server's --max-batch before the server starts (a hybrid stack's step, not padded:
-the smallest traced size only).
+of those sizes up to the server's --max-batch before the server starts.
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def warm_batch(model, max_batch: int, say: Callable[[str], None] = lambda _: Non
     if not _on_cuda() or max_batch < least:
         return 0
     gen = BatchGenerator(model, max_batch=max_batch, prefill_batch=ROW_BUCKET)
-    rows = max_batch if gen.pads_rows else least
+    rows = max_batch
     say(f"preparing the batched step's kernels ({least} to {rows} rows)")
     t0 = time.perf_counter()
     joins = -(-rows // ROW_BUCKET)  # steps until the last group is in: every row must still be running then
