@@ -169,6 +169,21 @@ def _halves(layer, fused: Optional[Tuple]) -> Optional[_Chained]:
     return _dense_halves(layer, fused)
 
 
+def _entries(layer, project: Callable) -> Tuple[Callable, Callable]:
+    """A chained layer's two ways in: first(h, positions) and, with the previous layer's MLP output still to
+    add, next(h, delta, positions) (one add_rms_norm launch) -> (h, *project(the input norm of h, positions))."""
+
+    def first(h, positions):
+        return (h, *project(layer.input_layernorm(h), positions))
+
+    def next_(h, delta, positions):
+        norm = layer.input_layernorm
+        x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
+        return (h, *project(x, positions))
+
+    return first, next_
+
+
 def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
     """A decoder layer's halves, `first`/`next` and `after` traced. Where the layer allows it (_fused_rope),
     the entry ends at the q/k/v projection(s) and `middle` is the paged cache's qk_rope_store + attention
@@ -187,13 +202,7 @@ def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
         # -> q, k turned at each row's position, v: (B, heads, 1, D)
         return attn.heads(*(split_last(qkv(x), sizes) if qkv is not None else attn.projections(x)), positions)
 
-    def first(h, positions):
-        return (h, *project(layer.input_layernorm(h), positions))
-
-    def next_(h, delta, positions):
-        norm = layer.input_layernorm
-        x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
-        return (h, *project(x, positions))
+    first, next_ = _entries(layer, project)
 
     if rope_store:
         norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if "q_norm" in attn else (None, None, 0.0)
@@ -248,13 +257,7 @@ def _hybrid_halves(layer) -> _Chained:
         def output(o, gate):
             return attn.output(o, gate)
 
-    def first(h, positions):
-        return (h, *project(layer.input_layernorm(h), positions))
-
-    def next_(h, delta, positions):
-        norm = layer.input_layernorm
-        x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
-        return (h, *project(x, positions))
+    first, next_ = _entries(layer, project)
 
     def after(h, o, gate):
         norm = layer.post_attention_layernorm
