@@ -169,9 +169,12 @@ def _halves(layer, fused: Optional[Tuple]) -> Optional[_Chained]:
     return _dense_halves(layer, fused)
 
 
-def _entries(layer, project: Callable) -> Tuple[Callable, Callable]:
-    """A chained layer's two ways in: first(h, positions) and, with the previous layer's MLP output still to
-    add, next(h, delta, positions) (one add_rms_norm launch) -> (h, *project(the input norm of h, positions))."""
+def _chain(layer, project: Callable, middle: Callable, output: Callable, feed_forward: Callable) -> _Chained:
+    """A layer's chained halves from its parts: project(x, positions), the entry's work on the input norm's
+    output; middle(cache, ...) around the cache; output(*what middle gives) -> the mixer's output (B, 1, hidden),
+    added to the residual with the post-attention norm in one add_rms_norm launch; feed_forward(y) -> the
+    MLP's output, added by the next layer's input norm. The entries and `after` are traced (`after` only
+    where the feed-forward is a dense MLP: a sparse block's routing kernels check themselves eagerly)."""
 
     def first(h, positions):
         return (h, *project(layer.input_layernorm(h), positions))
@@ -181,7 +184,13 @@ def _entries(layer, project: Callable) -> Tuple[Callable, Callable]:
         x, h = K.add_rms_norm(delta, h, norm.weight, norm.eps)  # h + delta, and its norm
         return (h, *project(x, positions))
 
-    return first, next_
+    def after(h, *mixed):
+        norm = layer.post_attention_layernorm
+        y, h = K.add_rms_norm(output(*mixed), h, norm.weight, norm.eps)
+        return h, feed_forward(y)
+
+    traced_after = mx.compile(after) if isinstance(layer.mlp, MLP) else after
+    return _Chained(mx.compile(first), mx.compile(next_), middle, traced_after)
 
 
 def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
@@ -202,8 +211,6 @@ def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
         # -> q, k turned at each row's position, v: (B, heads, 1, D)
         return attn.heads(*(split_last(qkv(x), sizes) if qkv is not None else attn.projections(x)), positions)
 
-    first, next_ = _entries(layer, project)
-
     if rope_store:
         norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if "q_norm" in attn else (None, None, 0.0)
 
@@ -220,13 +227,7 @@ def _dense_halves(layer, fused: Optional[Tuple]) -> _Chained:
         g, u = mx.split(gate_up(y), 2, axis=-1)  # (B, 1, 2I) -> two halves of I
         return mlp.down_proj(nn.silu(g) * u)
 
-    def after(h, o):
-        norm = layer.post_attention_layernorm
-        y, h = K.add_rms_norm(attn.output(o), h, norm.weight, norm.eps)
-        return h, feed_forward(y)
-
-    dense = isinstance(mlp, MLP)
-    return _Chained(mx.compile(first), mx.compile(next_), middle, mx.compile(after) if dense else after)
+    return _chain(layer, project, middle, attn.output, feed_forward)
 
 
 def _hybrid_halves(layer) -> _Chained:
@@ -244,8 +245,7 @@ def _hybrid_halves(layer) -> _Chained:
         def middle(c, mixed, z, b, a):
             return lin.step(mixed, b, a, c), z
 
-        def output(o, z):
-            return lin.output(o, z)
+        output = lin.output  # (o, z)
     else:
         attn = layer.self_attn
         # the compiled single-sequence path's: positions (B,) turn each row at its own
@@ -254,15 +254,6 @@ def _hybrid_halves(layer) -> _Chained:
         def middle(c, q, k, v, gate):
             return c.attend(q, k, v, attn.scale), gate
 
-        def output(o, gate):
-            return attn.output(o, gate)
+        output = attn.output  # (o, gate)
 
-    first, next_ = _entries(layer, project)
-
-    def after(h, o, gate):
-        norm = layer.post_attention_layernorm
-        y, h = K.add_rms_norm(output(o, gate), h, norm.weight, norm.eps)
-        return h, layer.mlp(y)
-
-    dense = isinstance(layer.mlp, MLP)
-    return _Chained(mx.compile(first), mx.compile(next_), middle, mx.compile(after) if dense else after)
+    return _chain(layer, project, middle, output, layer.mlp)

@@ -20,6 +20,7 @@ runs out (doubling, a copy of the pool), and is dropped with the batch when the 
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -300,22 +301,20 @@ class PagedBatchCache:
         lengths = [self.lengths[b] for b in rows]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         bs = self.block_size
-        shared: List[Tuple[mx.array, mx.array]] = []
 
+        @functools.cache  # made once, when a slicer is first asked
         def stacked() -> Tuple[mx.array, mx.array]:
-            if not shared:
-                idx = mx.array(np.concatenate([_slots(self.blocks[b], np.arange(n, dtype=np.int32), bs)
-                                               for b, n in zip(rows, lengths)]))
-                # each layer's (N, Hkv, D) at the rows' slots, stacked: (layers, N, Hkv, D), the rows one after
-                # the other
-                keys = mx.stack([c.keys[idx] for c in self.pools])
-                values = mx.stack([c.values[idx] for c in self.pools])
-                # the rows' blocks are free once they leave, and the next step may write into them in place
-                # (qk_rope_store), with no data edge from this copy: the pools from now on come after it
-                for c in self.pools:
-                    c.keys, c.values = mx.depends([c.keys, c.values], [keys, values])
-                shared.append((keys, values))
-            return shared[0]
+            idx = mx.array(np.concatenate([_slots(self.blocks[b], np.arange(n, dtype=np.int32), bs)
+                                           for b, n in zip(rows, lengths)]))
+            # each layer's (N, Hkv, D) at the rows' slots, stacked: (layers, N, Hkv, D), the rows one after the
+            # other
+            keys = mx.stack([c.keys[idx] for c in self.pools])
+            values = mx.stack([c.values[idx] for c in self.pools])
+            # the rows' blocks are free once they leave, and the next step may write into them in place
+            # (qk_rope_store), with no data edge from this copy: the pools from now on come after it
+            for c in self.pools:
+                c.keys, c.values = mx.depends([c.keys, c.values], [keys, values])
+            return keys, values
 
         def slicer_of(i: int):
             b, n, at = rows[i], lengths[i], offsets[i]

@@ -20,7 +20,7 @@ from metalgen.prefix_cache import PrefixCache
 from metalgen.sampling import make_logits_processors, make_sampler
 from profiling import Tracer
 
-from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, tiny_model
+from checkpoints import BATCH_CONFIGS, BATCH_CONFIGS_HD64, HYBRID_BATCH_CONFIGS, prefill_group, tiny_model
 
 CONFIGS = {**BATCH_CONFIGS, **HYBRID_BATCH_CONFIGS}  # dense, MoE and hybrid (Gated DeltaNet) stacks
 
@@ -577,10 +577,7 @@ def test_rows_with_one_prompt_share_its_prefill():
 def kv_alone(model, ids):
     """The keys and values of `ids` run alone, (layers, kv_heads, n, head_dim) each, as the prefix cache
     holds them."""
-    from metalgen.batch_cache import BatchKVCache
-
-    caches = [BatchKVCache.empty([0]) for _ in model.layers]
-    mx.eval(model.hidden(mx.array([ids], mx.int32), cache=caches))
+    caches, _ = prefill_group(model, [ids])
     n = len(ids)
     return (mx.stack([c.keys[0, :, :n, :] for c in caches]), mx.stack([c.values[0, :, :n, :] for c in caches]))
 

@@ -67,7 +67,7 @@ def layer_steps(model, cache: List) -> List:
                 mx.eval(fn(x, c.conv_state, c.recurrent))
             steps.append(mx.compile(fn))
         else:
-            before, after = attention_halves(layer)
+            before, after = _attention_halves(layer)
             if linear not in warm:
                 q, _, _, gate = before(x, mx.array(0, mx.int32))
                 mx.eval(after(x, q, gate))
@@ -86,10 +86,10 @@ def _linear_step(layer):
     return step
 
 
-def attention_halves(layer):
+def _attention_halves(layer):
     """A hybrid stack's gated attention layer around its cache: before(h, position) -> q, k turned at
-    `position` (an int32 array: a scalar, or one a row), v, the output gate; after(h, o, gate) -> h. (The
-    batch's step splits these layers the same way: metalgen.batch_step.)"""
+    `position` (an int32 scalar), v, the output gate; after(h, o, gate) -> h. (The batch's step chains these
+    layers from the same projections, attention_project: metalgen.batch_step.)"""
     attn = layer.self_attn
     project = attention_project(layer)
 

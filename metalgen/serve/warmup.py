@@ -78,13 +78,12 @@ def warm_batch(model, max_batch: int, say: Callable[[str], None] = lambda _: Non
     if not _on_cuda() or max_batch < least:
         return 0
     gen = BatchGenerator(model, max_batch=max_batch, prefill_batch=ROW_BUCKET)
-    rows = max_batch
-    say(f"preparing the batched step's kernels ({least} to {rows} rows)")
+    say(f"preparing the batched step's kernels ({least} to {max_batch} rows)")
     t0 = time.perf_counter()
-    joins = -(-rows // ROW_BUCKET)  # steps until the last group is in: every row must still be running then
-    for i in range(rows):
+    joins = -(-max_batch // ROW_BUCKET)  # steps until the last group is in: every row must still be running then
+    for i in range(max_batch):
         gen.insert([1 + i, 2, 3, 4], joins + 3)
     while gen.busy:
         gen.step()
     say(f"batched step ready in {time.perf_counter() - t0:.1f} s")
-    return rows
+    return max_batch
