@@ -137,25 +137,39 @@ def prompt_text(rng: random.Random, n_tokens: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n_tokens))
 
 
-async def level(port: int, name: str, concurrency: int, prompt_tokens: int, gen_tokens: int, seed: int) -> Dict:
+async def level(port: int, name: str, concurrency: int, prompt_tokens: int, gen_tokens: int, seed: int,
+                deadline: Optional[float] = None) -> Dict:
+    """One run of a level. With `deadline` (seconds), requests still open then are dropped, and the run
+    reports what finished by then over the deadline (`"requests"` of `"expected"`): a server that stalls
+    under the load gives a row, not a run past the machine's time."""
     rng = random.Random(seed)
     per_client = 2
+    results: List[Dict] = []
+    # the prompts are drawn up front, so that a run's prompts do not depend on which requests finish first
+    prompts = [[f"{i} {j} " + prompt_text(rng, prompt_tokens) for j in range(per_client)] for i in range(concurrency)]
 
-    async def client(i: int) -> List[Dict]:
-        out = []
-        for j in range(per_client):
-            body = {"model": name, "prompt": f"{i} {j} " + prompt_text(rng, prompt_tokens), "max_tokens": gen_tokens,
-                    "temperature": 0.0}
-            out.append(await request(port, "/v1/completions", body))
-        return out
+    async def client(i: int) -> None:
+        for prompt in prompts[i]:
+            body = {"model": name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0.0}
+            results.append(await request(port, "/v1/completions", body))
 
     t0 = time.perf_counter()
-    results = [r for rs in await asyncio.gather(*(client(i) for i in range(concurrency))) for r in rs]
-    wall = time.perf_counter() - t0
+    tasks = [asyncio.ensure_future(client(i)) for i in range(concurrency)]
+    _, pending = await asyncio.wait(tasks, timeout=deadline)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:  # a request's error (not a cancellation at the deadline) is the run's
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()
+    wall = time.perf_counter() - t0 if not pending else deadline
+    if not results:
+        raise RuntimeError(f"no request of {concurrency} streams finished within {deadline} s")
     tokens = sum(r["tokens"] for r in results)
     ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     rates = [(r["tokens"] - 1) / (r["end"] - r["ttft"]) for r in results if r["ttft"] and r["tokens"] > 1]
-    return {"concurrency": concurrency, "requests": len(results), "completion_tokens": tokens, "wall_s": wall,
+    return {"concurrency": concurrency, "requests": len(results), "expected": concurrency * per_client,
+            "completion_tokens": tokens, "wall_s": wall,
             "aggregate_tok_s": tokens / wall, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
             "ttft_p99_ms": 1e3 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
             "stream_tok_s_median": statistics.median(rates) if rates else None}
@@ -180,6 +194,20 @@ async def chat_turns(port: int, name: str, chat_tokens: int, seed: int) -> Dict:
     second = first + turn2
     t2 = (await request(port, "/v1/chat/completions", dict(body, messages=second)))["end"]
     return {"chat_tokens": chat_tokens, "turn1_ttft_ms": 1e3 * t1, "turn2_ttft_ms": 1e3 * t2, "speedup": t1 / t2}
+
+
+def table_row(r: Dict) -> str:
+    """A level's row of the table: a run cut short by --level-timeout shows how many of its requests finished."""
+    def rate(x, done, digits=0):
+        k, n = done.split("/")
+        return f"{x:.{digits}f}" + ("" if k == n else f" ({done})")
+
+    done = r.get("runs_requests") or [f"{r['requests']}/{r['requests']}"] * len(r["runs_tok_s"])
+    every = " / ".join(rate(x, d) for x, d in zip(r["runs_tok_s"], done))
+    agg = rate(r["aggregate_tok_s"], f"{r['requests']}/{r.get('expected', r['requests'])}", 1)
+    per_stream = f"{r['stream_tok_s_median']:.1f}" if r["stream_tok_s_median"] else "-"
+    return (f"| {r['engine']} | {r['concurrency']} | {agg} | {every} | {r['ttft_p50_ms']:.1f} | "
+            f"{r['ttft_p99_ms']:.1f} | {per_stream} |")
 
 
 def reported_run(runs: List[Dict]) -> Dict:
@@ -262,6 +290,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help="start every engine's server at once and run each level's runs engine after engine, so "
                          "that the machine's drift over the runs falls on every engine alike")
+    ap.add_argument("--level-timeout", type=float, default=None,
+                    help="seconds a run of a level may take: requests open then are dropped and the run reports "
+                         "what finished (its row says how many of how many)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefill-step-size", type=int, default=None,
                     help="metalgen servers' --prefill-step-size (default: theirs)")
@@ -298,12 +329,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         log.close()
 
     def run_level(engine: str, port: int, c: int, seed: int) -> Dict:
-        return asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, seed))
+        return asyncio.run(level(port, str(folder), c, args.prompt_tokens, args.gen_tokens, seed, args.level_timeout))
 
     def report(engine: str, runs: List[Dict]) -> Dict:
         r = dict(reported_run(runs), engine=engine, model=args.model, max_batch=args.max_batch,
-                 runs_tok_s=[x["aggregate_tok_s"] for x in runs])
+                 runs_tok_s=[x["aggregate_tok_s"] for x in runs],
+                 runs_requests=[f"{x['requests']}/{x['expected']}" for x in runs])
         print(json.dumps(r), flush=True)
+        print("level:", table_row(r), flush=True)  # as it comes, for a run that its machine's time cuts short
         jl.write(json.dumps(r) + "\n")
         rows.append(r)
         return r
@@ -351,10 +384,10 @@ def main(argv: Optional[List[str]] = None) -> int:
              "", "| engine | streams | aggregate tok/s | every run's tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |",
              "|---|---|---|---|---|---|---|"]
     for r in levels:
-        rate = f"{r['stream_tok_s_median']:.1f}" if r["stream_tok_s_median"] else "-"
-        every = " / ".join(f"{x:.0f}" for x in r["runs_tok_s"])
-        lines.append(f"| {r['engine']} | {r['concurrency']} | {r['aggregate_tok_s']:.1f} | {every} | "
-                     f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {rate} |")
+        lines.append(table_row(r))
+    if any(r["requests"] < r.get("expected", r["requests"]) for r in levels):
+        lines.append(f"\nA rate marked (k/n) counts the k of n requests that finished within --level-timeout "
+                     f"{args.level_timeout:g} s, over that time.")
     for r in rows:
         if "chat_tokens" in r:
             lines.append(f"\n{r['engine']}: {r['chat_tokens']}-token chat, first token of turn 1 "

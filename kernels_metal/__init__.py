@@ -190,13 +190,23 @@ def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
     return _impl_for("kv_store").kv_store(kc, vc, k, v, int(layer), int(start), dep)
 
 
+def _no_rows(x, n: int):
+    # MLX 0.32.4's quantized_matmul stops the process (SIGFPE) on an input with no rows, on the CPU as on
+    # CUDA, and a zero-length text run reaches the TTS talker's projection: such an input is answered here
+    return mx.zeros(x.shape[:-1] + (n,), x.dtype)
+
+
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias): a GEMV when x has at most GEMV_MAX_ROWS rows, else mx.matmul."""
+    if x.size == 0:
+        return _no_rows(x, weight.shape[0])
     return _impl_for("linear").linear(x, weight, bias)
 
 
 def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     """MLX-quantized (4 or 8 bit) x @ W.T: a GEMV for few rows, else mx.quantized_matmul."""
+    if x.size == 0:
+        return _no_rows(x, w.shape[0])
     return _impl_for("quantized_linear").quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
 
 

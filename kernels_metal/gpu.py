@@ -496,8 +496,9 @@ def make_sample_scratch(B: int, V: int):
 def _row_settings(temperature, top_k, top_p, min_p, penalty, window) -> tuple:
     # one row of the kernel's rparams: [temperature, top_p, log(min_p), use_min_p, penalty, top_k, window]
     use_minp = min_p > 0.0
+    # a top-k past any vocabulary keeps every token, as 0 does; capped so that a client's 10**400 stays a float
     return (float(temperature), max(float(top_p), 1e-30), math.log(min_p) if use_minp else 0.0,
-            1.0 if use_minp else 0.0, float(penalty), float(top_k), float(window))
+            1.0 if use_minp else 0.0, float(penalty), float(min(top_k, 1 << 30)), float(window))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -93,6 +93,34 @@ def test_linear_and_quantized():
             assert rel(K.quantized_linear(x, wq, s, bq, 64, bits), truth) < 5e-2
 
 
+def test_products_of_no_rows_are_empty():
+    # MLX's quantized_matmul stops the process (SIGFPE) on zero rows: run in a child so that a regression
+    # fails this test rather than ending the session
+    import subprocess
+    import sys
+
+    code = ("import mlx.core as mx, kernels_metal as K\n"
+            "x, w, b = mx.zeros((1, 0, 64), mx.bfloat16), mx.ones((48, 64), mx.bfloat16), mx.ones((48,), mx.bfloat16)\n"
+            "wq, s, bq = mx.quantize(w, group_size=64, bits=4)\n"
+            "ys = [K.linear(x, w), K.linear(x, w, b), K.quantized_linear(x, wq, s, bq, 64, 4),\n"
+            "      K.quantized_linear(x, wq, s, bq, 64, 4, bias=b)]\n"
+            "mx.eval(ys)\n"
+            "print([(y.shape, str(y.dtype)) for y in ys])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert r.stdout.strip() == str([((1, 0, 48), "mlx.core.bfloat16")] * 4)
+
+
+def test_top_k_past_any_vocabulary_keeps_every_token():
+    # a client may send any integer (top_k: 10**400 is valid JSON): the GPU kernel's float settings must not
+    # overflow, and a top-k past the vocabulary is no top-k
+    row = gpu._row_settings(1.0, 10 ** 400, 1.0, 0.0, 1.0, 0)
+    assert all(math.isfinite(v) for v in row) and row[5] >= 2 ** 30
+    logits = rnd((2, 300), mx.float32, 3.0)
+    st = K.make_sample_state(7)
+    assert K.sample(logits, 0.9, 10 ** 400, 1.0, 0.0, st)[0].tolist() == K.sample(logits, 0.9, 0, 1.0, 0.0, st)[0].tolist()
+
+
 def test_sample_is_the_reference():
     logits = rnd((3, 500), mx.bfloat16, 3.0)
     st = K.make_sample_state(42)

@@ -116,7 +116,10 @@ def test_chat_logprobs_are_the_tokens_and_their_alternatives(served, client):
         assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5)  # greedy: the likeliest
     chunks = list(client.chat.completions.create(stream=True, **kw))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    # the streamed request meets the first one's prompt in the prefix cache, so its last prompt token is fed
+    # alone: the same tokens, their logprobs equal on the CPU and within a GEMV's rounding of a GEMM's on CUDA
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-5)
     plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == r.choices[0].message.content
 
