@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -147,6 +148,38 @@ def test_seeded_talker_sampling_is_reproducible(tiny):
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert a[:, 0].max() < 2048 and a.min() >= 0  # codebook 0 never takes a control id
+
+
+def test_a_given_reply_is_spoken_without_the_thinker_decoding(tiny, monkeypatch):
+    og = sys.modules["metalgen.omni.generate"]  # (the package's `generate` is the function)
+
+    def no_decode(*a, **k):
+        raise AssertionError("the thinker decoded a given reply")
+
+    monkeypatch.setattr(og, "generate_step", no_decode)
+    said = "Good morning, dear listener."
+    talker = omni.talker_sampling(max_frames=5, min_frames=5)
+
+    def speak(text, seed=3):
+        out = []
+        pieces = list(omni.stream(tiny, [{"role": "user", "content": said}], say=text, talker=talker, seed=seed,
+                                  frames_out=out))
+        return pieces, np.stack(out)
+
+    pieces, frames = speak(said)
+    texts = [p for p in pieces if p.token is not None]
+    assert "".join(p.text for p in texts) == said
+    assert [p.token for p in texts] == tiny.tokenizer.encode(said) + [tiny.args.im_end_token_id]
+    assert [p.finish_reason for p in texts][-1] == "stop" and all(p.finish_reason is None for p in texts[:-1])
+    assert sum(p.audio.shape[0] for p in pieces if p.audio is not None) > 0
+    # the talker reads the given text: the same text speaks the same frames, another text others
+    np.testing.assert_array_equal(frames, speak(said)[1])
+    assert not np.array_equal(frames, speak("Something else entirely, said slowly.")[1])
+
+
+def test_a_given_reply_needs_audio_and_text(tiny):
+    assert "for speech" in one_line_error(lambda: list(omni.stream(tiny, HELLO, say="Hi", return_audio=False)))
+    assert "for speech" in one_line_error(lambda: list(omni.stream(tiny, HELLO, say="  ")))
 
 
 # -- speakers -------------------------------------------------------------------------------------

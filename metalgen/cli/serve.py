@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         kernels_metal.set_verbose(True)
     name = args.served_model_name or args.model
     voices = parse_voices(args.voice, args.voice_text)
-    if model_kind(args.model, args.revision) == "speech":  # as metalgen.tts.load tells them
+    kind = model_kind(args.model, args.revision)
+    speech = None
+    if kind == "speech":  # as metalgen.tts.load tells them
         from ..tts import load as load_tts
 
         if args.max_batch > 1:
@@ -114,7 +116,18 @@ def run(args: argparse.Namespace) -> int:
             raise MetalgenError("--voice is for a speech model (Qwen3-TTS Base, or Magpie with a context encoder)")
         if args.codec is not None:
             raise MetalgenError("--codec is for a Magpie TTS model")
-        model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
+        if kind == "text+speech":
+            # Qwen3-Omni: one load for both routes, the text engine on its thinker (the audio encoder is left
+            # out: the server takes no audio in)
+            from ..omni import load as load_omni
+
+            parts = load_omni(args.model, dtype=args.dtype, revision=args.revision,
+                              parts=("thinker", "talker", "code2wav"))
+            model, tokenizer = parts.model.thinker, parts.tokenizer
+            if "talker" in parts.model and "code2wav" in parts.model:
+                speech = SpeechEngine(parts, name, decode=args.decode, max_queue=args.max_queue)
+        else:
+            model, tokenizer = load(args.model, dtype=args.dtype, revision=args.revision)
         if not args.no_warmup:
             def say(line):
                 print(f"metalgen: {line}", file=sys.stderr, flush=True)
@@ -127,9 +140,11 @@ def run(args: argparse.Namespace) -> int:
                         max_batch=args.max_batch, prefix_cache_gb=args.prefix_cache_gb, max_queue=args.max_queue,
                         tracer=tracer)
     print(f"metalgen: serving {engine.name} on http://{args.host}:{args.port}/v1"
+          + (" (text, and speech at /v1/audio/speech)" if speech is not None else "")
           + (" (API key required)" if api_key else ""), file=sys.stderr)
     try:
-        uvicorn.run(make_app(engine, args.max_tokens, api_key=api_key, max_request_bytes=args.max_request_bytes),
+        uvicorn.run(make_app(engine, args.max_tokens, api_key=api_key, max_request_bytes=args.max_request_bytes,
+                             speech=speech),
                     host=args.host, port=args.port,
                     log_level="info" if args.verbose else "warning")
     except OSError as e:  # e.g. the port is taken

@@ -220,12 +220,40 @@ class _Thinker:
             yield self.queue.pop(0)
 
 
+class _Said(_Thinker):
+    """A reply given rather than generated (`stream(say=...)`): its tokens, then the end of the turn, reach the
+    talker's text as the thinker's would, and the thinker decodes nothing. The talker reads the reply's token
+    embeddings, not the thinker's hidden states over them, so this is how the model speaks a given text."""
+
+    def __init__(self, parts: OmniParts, prep: Prepared, text: TalkerText, say: str):
+        self.ids = list(parts.tokenizer.encode(say)) + [parts.args.im_end_token_id]
+        self.detok = TokenText(parts.tokenizer, ())
+        self.text = text
+        self.max_tokens = len(self.ids)
+        self.count = 0
+        self.done = False
+        self.queue = []
+        self.prompt_tokens = len(prep.ids)
+
+    def pull(self) -> None:
+        if self.done:
+            return
+        token = self.ids[self.count]
+        self.count += 1
+        last = self.count == len(self.ids)
+        piece = "" if last else self.detok.add(token, last=self.count == len(self.ids) - 1)[0]
+        self.done = last
+        self.text.push(token, last=last)
+        self.queue.append(OmniResponse(text=piece, token=token, finish_reason="stop" if last else None,
+                                       prompt_tokens=self.prompt_tokens, generation_tokens=self.count))
+
+
 def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] = (), speaker: Optional[str] = None,
            return_audio: bool = True, max_tokens: int = 1024, sampler=None, logits_processors=(),
            stop: Sequence[str] = (), talker: Optional[SamplingConfig] = None, seed: Optional[int] = None,
            chunk_frames: int = 300, first_chunk: Optional[int] = 4, left_context: int = 25, gapless: bool = True,
            decode: Optional[str] = "auto", template_kwargs: Optional[dict] = None,
-           frames_out: Optional[list] = None, record=None) -> Iterator[OmniResponse]:
+           frames_out: Optional[list] = None, record=None, say: Optional[str] = None) -> Iterator[OmniResponse]:
     """Answer a conversation in text and speech, piece by piece.
 
     messages: chat messages ({"role", "content"}); `audio`: WAV paths or (array, rate) clips (or one
@@ -239,9 +267,13 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
     frames_out: a list that receives each frame's codes (16,) as they come; record: a dict that
     receives the frame loop (with its recorded logits unless record["logits"] is False) and the
     time the talker started (`talker_start`, perf_counter seconds).
+    say: the reply's text, given: the talker speaks it after the conversation, and the thinker only
+    prefills the conversation (text-to-speech; the sampler, max_tokens and stop do not apply).
     """
     model, args = parts.model, parts.args
     want_audio = bool(return_audio)
+    if say is not None and (not want_audio or not say.strip()):
+        raise MetalgenError("a given reply (say) is for speech: audio on, and a text that is not empty")
     if want_audio and (args.talker is None or "talker" not in model or "code2wav" not in model):
         raise MetalgenError(f"{parts.name} has no talker and Code2Wav loaded: text output only (--no-audio)")
     sid = speaker_id(parts, speaker) if want_audio else None
@@ -254,7 +286,10 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
         special = mx.array([[args.tts_bos_token_id, args.tts_eos_token_id, args.tts_pad_token_id]], dtype=mx.int32)
         special = model.talker.text_projection(model.thinker.embed(special))
         text = TalkerText(model.talker, model.thinker.embed, prep.embeddings[:, a0:], special)
-    thinker = _Thinker(parts, prep, text, max_tokens, sampler or make_sampler(), logits_processors, stop, decode)
+    if say is not None:
+        thinker = _Said(parts, prep, text, say)
+    else:
+        thinker = _Thinker(parts, prep, text, max_tokens, sampler or make_sampler(), logits_processors, stop, decode)
 
     if not want_audio:
         while not thinker.done:

@@ -49,10 +49,12 @@ def _rss_bytes() -> Optional[int]:
 
 
 def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[str] = None,
-             max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Starlette:
+             max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, speech=None) -> Starlette:
     """The application serving `engine`'s model under its name; with `api_key`, every route but /health
     needs `Authorization: Bearer <api_key>` (auth.ApiKeyMiddleware). A request body past `max_request_bytes`
-    is refused (413), and a request while the engine's queue is full (its `admit`) too (429)."""
+    is refused (413), and a request while the engine's queue is full (its `admit`) too (429). `speech`: a
+    SpeechEngine of the same model (Qwen3-Omni speaks as well as writes) that serves /v1/audio/speech beside
+    the text engine."""
     created = int(time.time())
 
     async def health(request: Request):
@@ -120,7 +122,7 @@ def make_app(engine: Engine, default_max_tokens: int = 512, api_key: Optional[st
     return Starlette(routes=[
         Route("/health", health), Route("/v1/models", models), Route("/debug/engine", debug),
         Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/completions", text, methods=["POST"]),
-        Route("/v1/audio/speech", speech_route(engine, max_request_bytes), methods=["POST"]),
+        Route("/v1/audio/speech", speech_route(speech or engine, max_request_bytes), methods=["POST"]),
     ], middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)] if api_key else [],
         exception_handlers={HTTPException: _http_error, Exception: _server_error})
 

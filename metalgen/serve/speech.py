@@ -39,6 +39,8 @@ from .protocol import RequestError, _number
 # config.json model types served by this route (the others are text decoders); Magpie checkpoints are NeMo
 # `.nemo` files, which have none (see `model_kind`)
 SPEECH_MODEL_TYPES = ("qwen3_tts",)
+# config.json model types that write and speak: their text routes and this one, on one loaded model
+TEXT_AND_SPEECH_MODEL_TYPES = ("qwen3_omni_moe",)
 STREAMED = ("wav", "pcm")
 # soundfile (format, subtype) of the formats encoded whole, when its libsndfile writes them (see `encodable`)
 ENCODED = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
@@ -49,7 +51,8 @@ PROMPT_OVERHEAD = 32
 
 
 def model_kind(path_or_id: str, revision: Optional[str] = None) -> str:
-    """What a model serves, "speech" or "text". A Magpie checkpoint is told as `metalgen.tts.load` tells it
+    """What a model serves: "speech", "text", or "text+speech" (Qwen3-Omni: both, the speech route only where the
+    checkpoint has its talker). A Magpie checkpoint is told as `metalgen.tts.load` tells it
     (`metalgen.tts.is_magpie`: a `.nemo`, a folder of them without a config.json, a Magpie hub id), so that
     the server and the loader agree; anything else by its config's model_type (a dummy shape's config, a
     folder's or a hub snapshot's config.json), not by its name."""
@@ -76,6 +79,8 @@ def model_kind(path_or_id: str, revision: Optional[str] = None) -> str:
 
         folder = resolve_model_path(path_or_id, revision)
         model_type = read_json(folder / "config.json", "config.json").get("model_type")
+    if model_type in TEXT_AND_SPEECH_MODEL_TYPES:
+        return "text+speech"
     return "speech" if model_type in SPEECH_MODEL_TYPES else "text"
 
 
@@ -316,6 +321,75 @@ class QwenSpeech:
         return self.tts.stream(req.input, **kw)
 
 
+class OmniSpeech:
+    """Qwen3-Omni's half of a SpeechEngine (metalgen.omni OmniParts, loaded whole): the talker speaks `input` as
+    the assistant's reply to it in one of the checkpoint's speakers, the thinker only prefilling the
+    conversation (`metalgen.omni.stream(say=...)`); `max_frames` caps a clip's 80 ms frames (None: the
+    checkpoint's talker limit)."""
+
+    label = "Qwen3-Omni"
+    model_type = "qwen3_omni_moe"
+
+    def __init__(self, parts, name: str, decode: Optional[str], max_frames: Optional[int]):
+        from ..omni import SAMPLE_RATE, talker_sampling
+
+        if parts.args.talker is None or "talker" not in parts.model or "code2wav" not in parts.model:
+            raise MetalgenError(f"{name} has no talker and Code2Wav: it serves text only")
+        self.parts, self.decode = parts, decode
+        self.max_frames = int(talker_sampling(parts.generation_config).max_frames if max_frames is None
+                              else max_frames)
+        if self.max_frames < 1:
+            raise MetalgenError(f"max frames must be >= 1, got {self.max_frames}")
+        context = min(parts.args.talker.text.max_position_embeddings, parts.model.thinker.spec.max_position_embeddings)
+        # the text is in the prompt twice (the user's turn, the reply the talker reads) beside the frames
+        self.input_limit = (context - self.max_frames - PROMPT_OVERHEAD) // 2
+        self.sample_rate = SAMPLE_RATE
+        self.samples_per_frame = int(parts.model.code2wav.total_upsample)
+
+    @property
+    def voices(self) -> List[str]:
+        """The checkpoint's speakers."""
+        return sorted(self.parts.args.talker.speaker_id)
+
+    def parameters(self):
+        return [self.parts.model.parameters()]
+
+    def check(self, req: SpeechRequest) -> None:
+        """Refuse (RequestError) what Qwen3-Omni cannot speak as asked; set the voice and the input's token count."""
+        if isinstance(req.voice, int):
+            raise _voice_name_error()
+        known = self.voices
+        if not req.voice:
+            raise RequestError(f"'voice' is required (known: {_shortened(known)})", param="voice")
+        if req.voice.lower() not in known:
+            raise RequestError(f"unknown voice '{req.voice}' (known: {_shortened(known)})", param="voice")
+        req.voice = req.voice.lower()
+        if req.instructions:
+            raise RequestError("Qwen3-Omni does not take 'instructions' here (its voice is the speaker's)",
+                               param="instructions")
+        if req.language is not None:
+            raise RequestError("Qwen3-Omni takes no 'language': it speaks the language of the input",
+                               param="language")
+        if "cfg_scale" in req.sampling:
+            raise RequestError("'cfg_scale' is Magpie's classifier-free guidance; Qwen3-Omni has none",
+                               param="cfg_scale")
+        tokens = len(self.parts.tokenizer.encode(req.input))
+        if tokens > self.input_limit:
+            raise RequestError(f"'input' has {tokens} tokens, past this model's limit of {self.input_limit} (half its "
+                               f"context less {self.max_frames} frames of audio)", param="input")
+        req.input_tokens = tokens
+
+    def stream(self, req: SpeechRequest) -> Iterator[np.ndarray]:
+        """The checked request's audio, chunk by chunk."""
+        from ..omni import stream, talker_sampling
+
+        talker = talker_sampling(self.parts.generation_config, max_frames=self.max_frames,
+                                 **{k: req.sampling[k] for k in ("temperature", "top_k") if k in req.sampling})
+        pieces = stream(self.parts, [{"role": "user", "content": req.input}], speaker=req.voice, say=req.input,
+                        talker=talker, seed=req.seed, decode=self.decode)
+        return (p.audio for p in pieces if p.audio is not None)
+
+
 # two probes for `_language_errors`: a letter most tokenizers map, and a character none does
 _PROBES = ("a", "\x00")
 
@@ -476,11 +550,12 @@ class SpeechJob(JobEvents):
 
 class SpeechEngine:
     """Serves a loaded speech model (a metalgen.tts TTSModel or a metalgen.magpie MagpieTTS, as
-    `metalgen.tts.load` gives them) as `name`, one request at a time on a worker thread, through the model's
-    `stream` (audio chunks while the frames are generated). `ref_voices` maps voice names to (reference clip,
-    its transcript or None): a Qwen3-TTS Base model's voices, or voices a Magpie checkpoint with a context
-    encoder clones; `max_frames` caps a clip's frames (None: the checkpoint's limit); `decode` is Qwen3-TTS's
-    decode path. What differs by model is `family` (a QwenSpeech or a MagpieSpeech)."""
+    `metalgen.tts.load` gives them, or metalgen.omni OmniParts) as `name`, one request at a time on a worker
+    thread, through the model's `stream` (audio chunks while the frames are generated). `ref_voices` maps voice
+    names to (reference clip, its transcript or None): a Qwen3-TTS Base model's voices, or voices a Magpie
+    checkpoint with a context encoder clones; `max_frames` caps a clip's frames (None: the checkpoint's limit);
+    `decode` is Qwen3-TTS's and Qwen3-Omni's decode path. What differs by model is `family` (a QwenSpeech, a
+    MagpieSpeech or an OmniSpeech)."""
 
     task = "speech"
 
@@ -488,7 +563,13 @@ class SpeechEngine:
                  ref_voices: Optional[Dict[str, Tuple[str, Optional[str]]]] = None,
                  max_queue: Optional[int] = DEFAULT_MAX_QUEUE):
         self.tts, self.name = tts, name
-        if tts.model_type == MagpieSpeech.model_type:
+        from ..omni.loading import OmniParts
+
+        if isinstance(tts, OmniParts):
+            if ref_voices:
+                raise MetalgenError("--voice is for Qwen3-TTS Base and Magpie: Qwen3-Omni speaks in its own speakers")
+            self.family = OmniSpeech(tts, name, decode, max_frames)
+        elif tts.model_type == MagpieSpeech.model_type:
             self.family = MagpieSpeech(tts, name, max_frames, ref_voices or {})
         else:
             self.family = QwenSpeech(tts, name, decode, max_frames, ref_voices or {})
