@@ -621,3 +621,25 @@ def test_gpu_hybrid_megakernel_equals_fused_bitwise():
     # one body, two ways to run it: the same bits (the conv taps and states advance alike)
     _hybrid_gpu("megakernel")
     assert largest_gap_between(load("dummy:tiny-qwen3.5")[0], ("fused", "megakernel"), 90, 20) == 0.0
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2-gqa7", "tiny-qwen3.5", "tiny-qwen2-moe"])
+def test_stacking_on_a_worker_leaves_no_lazy_parameter(name):
+    # a server's worker stacks on its own thread-local stream; a parameter it left lazy (a norm's, a bias's or
+    # a q/k norm's view) could only be evaluated on that thread, and another engine sharing the model
+    # (Qwen3-Omni's text and speech) failed to evaluate the parameters on a GPU
+    import threading
+
+    from metalgen.decode.stacked import stack_weights
+
+    model = load(f"dummy:{name}")[0]
+    mx.eval(model.parameters())
+
+    def work():
+        with mx.stream(mx.new_thread_local_stream(mx.default_device())):
+            stack_weights(model, rebind=True)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    mx.eval(model.parameters())  # raised "There is no Stream(..) in current thread"

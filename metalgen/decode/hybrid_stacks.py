@@ -169,6 +169,7 @@ def stack_hybrid(stack, names, dtype, rebind: bool):
         for o, i in enumerate(attn):
             layers[i].self_attn.q_norm["weight"] = qkn[o, 0]
             layers[i].self_attn.k_norm["weight"] = qkn[o, 1]
+            views += [layers[i].self_attn.q_norm["weight"], layers[i].self_attn.k_norm["weight"]]
     hs = HybridStacks(attn, lin, ls.num_key_heads, ls.num_value_heads, ls.key_head_dim, ls.value_head_dim, taps,
                       ls.layout == "qkvz", hy.rotary_dims, wlin["weight"], wlo["weight"], cw, lpar, gnw)
     return wqkv, qkn, wo, wgu, wd, hs, {"wlin": wlin, "wlo": wlo}, views

@@ -291,12 +291,17 @@ def stack_weights(model, rebind: bool = True) -> StackedWeights:
                 a.q_proj["bias"] = bqkv[l, :QD]
                 a.k_proj["bias"] = bqkv[l, QD:QD + KD]
                 a.v_proj["bias"] = bqkv[l, QD + KD:]
+                views += [a.q_proj["bias"], a.k_proj["bias"], a.v_proj["bias"]]
             if qk_norm:
                 a.q_norm["weight"] = qkn[l, 0]
                 a.k_norm["weight"] = qkn[l, 1]
-            _rebind_norms(layer, norms, l)
+                views += [a.q_norm["weight"], a.k_norm["weight"]]
+            views += _rebind_norms(layer, norms, l)
         if moe_stacks is not None:
             views += _rebind_moe(stack, moe_stacks, moe_st, names, gate_names)
+        # every view evaluated here: a lazy one left in the model would belong to the stream of the thread that
+        # stacked (a server's worker), and another thread's eval of the parameters then fails on a GPU
+        # ("There is no Stream(gpu, N) in current thread"; two engines share Qwen3-Omni's thinker)
         mx.eval(views)
     quant = _quant_stacks(qmain, qgate, families, moe_quant)
     return StackedWeights(
@@ -325,10 +330,11 @@ def _quant_stacks(qmain, qgate, families, moe_quant) -> Optional[QuantStacks]:
     return QuantStacks(qmain[0], qmain[1], *(qgate or (0, 32)), params)
 
 
-def _rebind_norms(layer, norms, l: int) -> None:
-    """Point a layer's two norms at their rows of the stacked norms (L, 2, H)."""
+def _rebind_norms(layer, norms, l: int) -> list:
+    """Point a layer's two norms at their rows of the stacked norms (L, 2, H); the views made."""
     layer.input_layernorm["weight"] = norms[l, 0]
     layer.post_attention_layernorm["weight"] = norms[l, 1]
+    return [layer.input_layernorm["weight"], layer.post_attention_layernorm["weight"]]
 
 
 def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
@@ -358,7 +364,7 @@ def _stack_hybrid(stack, qmain, qgate, rebind: bool) -> StackedWeights:
                                if moe is not None else []))
     if rebind:
         for l, layer in enumerate(layers):
-            _rebind_norms(layer, norms, l)
+            views += _rebind_norms(layer, norms, l)
         if moe_st is not None:
             views += _rebind_moe(stack, m, moe_st, names, gate_names)
         mx.eval(views)
