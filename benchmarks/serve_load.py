@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/serve_load.py --model dummy:qwen3-0.6b [--engines metalgen,mlx_lm]
         [--concurrency 1,8,32,128] [--prompt-tokens 128] [--gen-tokens 128] [--max-batch 32]
-        [--chat-tokens 4096] [--repeats 2] [--interleave] --out DIR
+        [--chat-tokens 4096] [--repeats 2] [--interleave] [--level-timeout S] --out DIR
 
 An engine name may carry its own max batch: `metalgen@1` serves one request at a time (on the fast
 decode path, with prefix reuse), `metalgen@32` batches up to 32.
