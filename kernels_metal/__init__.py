@@ -191,8 +191,10 @@ def kv_store(kc, vc, k, v, layer: int, start: int, dep=None):
 
 
 def _no_rows(x, n: int):
-    # MLX 0.32.4's quantized_matmul stops the process (SIGFPE) on an input with no rows, on the CPU as on
-    # CUDA, and a zero-length text run reaches the TTS talker's projection: such an input is answered here
+    # MLX 0.32.4 stops the process (SIGFPE) on some products of no rows: quantized_matmul on the CPU, and on
+    # CUDA the compiled nn.silu feeding a projection's empty input (measured 2026-11-26, H200). A zero-length
+    # text run reaches the TTS talker's projection (fc2(silu(fc1(x)))), so such an input is answered here and
+    # what feeds it is never evaluated
     return mx.zeros(x.shape[:-1] + (n,), x.dtype)
 
 

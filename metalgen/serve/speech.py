@@ -328,7 +328,6 @@ class OmniSpeech:
     checkpoint's talker limit)."""
 
     label = "Qwen3-Omni"
-    model_type = "qwen3_omni_moe"
 
     def __init__(self, parts, name: str, decode: Optional[str], max_frames: Optional[int]):
         from ..omni import SAMPLE_RATE, talker_sampling
