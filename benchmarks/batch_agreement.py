@@ -38,8 +38,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     model, tok = metalgen.load(args.model, dtype=args.dtype)
     rng = random.Random(args.seed)
-    vocab = min(tok.vocab_size if hasattr(tok, "vocab_size") else 100_000, 100_000)
-    prompts = [[rng.randrange(1000, vocab) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)]
+    # ordinary text tokens: past the bytes and below the added and special ones
+    prompts = [[rng.randrange(1000, min(tok.vocab_size, 100_000)) for _ in range(args.prompt_tokens)]
+               for _ in range(args.prompts)]
     # nothing ends early: EOS ids are not stops here, so every sequence runs its --gen-tokens
     gen = BatchGenerator(model, max_batch=args.max_batch)
     uids = [gen.insert(p, args.gen_tokens, None, (), ()) for p in prompts]
@@ -56,8 +57,8 @@ def main(argv=None) -> int:
             first = min(len(alone), len(both))
         firsts.append(first)
     differ = sorted(f for f in firsts if f is not None)
-    out = {"model": args.model, "dtype": args.dtype, "backend": K.backend(), "prompts": args.prompts, "gen_tokens": args.gen_tokens, "max_batch": args.max_batch,
-           "agree_whole": len(firsts) - len(differ), "first_difference": differ,
+    out = {"model": args.model, "dtype": args.dtype, "backend": K.backend(), "prompts": args.prompts,
+           "gen_tokens": args.gen_tokens, "max_batch": args.max_batch, "agree_whole": len(firsts) - len(differ), "first_difference": differ,
            "first_difference_median": statistics.median(differ) if differ else None}
     print(json.dumps(out))
     return 0

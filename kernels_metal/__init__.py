@@ -200,14 +200,14 @@ def _no_rows(x, n: int):
 
 def linear(x, weight, bias=None):
     """x @ weight.T (+ bias): a GEMV when x has at most GEMV_MAX_ROWS rows, else mx.matmul."""
-    if x.size == 0:
+    if 0 in x.shape[:-1]:  # no rows
         return _no_rows(x, weight.shape[0])
     return _impl_for("linear").linear(x, weight, bias)
 
 
 def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     """MLX-quantized (4 or 8 bit) x @ W.T: a GEMV for few rows, else mx.quantized_matmul."""
-    if x.size == 0:
+    if 0 in x.shape[:-1]:  # no rows
         return _no_rows(x, w.shape[0])
     return _impl_for("quantized_linear").quantized_linear(x, w, scales, biases, int(group_size), int(bits), bias)
 

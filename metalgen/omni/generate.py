@@ -186,14 +186,13 @@ class OmniResponse:
 
 
 class _Thinker:
-    """The thinker's token stream as pulls: each pull decodes one token into `queue`."""
+    """The reply's token stream as pulls: each pull takes one token of `tokens` ((token, logprobs) pairs: the
+    thinker's decode, or a given reply's ids) into `queue` and the talker's text."""
 
-    def __init__(self, parts: OmniParts, prep: Prepared, text: Optional[TalkerText], max_tokens: int,
-                 sampler, logits_processors, stop: Sequence[str], decode):
-        self.tokens = generate_step(mx.array(prep.ids[-1:], dtype=mx.int32), parts.model.thinker,
-                                    max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
-                                    prompt_cache=prep.cache, decode=decode)
-        self.detok = TokenText(parts.tokenizer, stop)
+    def __init__(self, parts: OmniParts, prep: Prepared, text: Optional[TalkerText], tokens: Iterator,
+                 max_tokens: int, stop: Sequence[str] = (), eos: Optional[Sequence[int]] = None):
+        self.tokens = tokens
+        self.detok = TokenText(parts.tokenizer, stop, eos)
         self.text = text
         self.max_tokens = max_tokens
         self.count = 0
@@ -218,34 +217,6 @@ class _Thinker:
     def drain(self) -> Iterator[OmniResponse]:
         while self.queue:
             yield self.queue.pop(0)
-
-
-class _Said(_Thinker):
-    """A reply given rather than generated (`stream(say=...)`): its tokens, then the end of the turn, reach the
-    talker's text as the thinker's would, and the thinker decodes nothing. The talker reads the reply's token
-    embeddings, not the thinker's hidden states over them, so this is how the model speaks a given text."""
-
-    def __init__(self, parts: OmniParts, prep: Prepared, text: TalkerText, say: str):
-        self.ids = list(parts.tokenizer.encode(say)) + [parts.args.im_end_token_id]
-        self.detok = TokenText(parts.tokenizer, ())
-        self.text = text
-        self.max_tokens = len(self.ids)
-        self.count = 0
-        self.done = False
-        self.queue = []
-        self.prompt_tokens = len(prep.ids)
-
-    def pull(self) -> None:
-        if self.done:
-            return
-        token = self.ids[self.count]
-        self.count += 1
-        last = self.count == len(self.ids)
-        piece = "" if last else self.detok.add(token, last=self.count == len(self.ids) - 1)[0]
-        self.done = last
-        self.text.push(token, last=last)
-        self.queue.append(OmniResponse(text=piece, token=token, finish_reason="stop" if last else None,
-                                       prompt_tokens=self.prompt_tokens, generation_tokens=self.count))
 
 
 def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] = (), speaker: Optional[str] = None,
@@ -286,10 +257,16 @@ def stream(parts: OmniParts, messages: Sequence[dict], *, audio: Sequence[Any] =
         special = mx.array([[args.tts_bos_token_id, args.tts_eos_token_id, args.tts_pad_token_id]], dtype=mx.int32)
         special = model.talker.text_projection(model.thinker.embed(special))
         text = TalkerText(model.talker, model.thinker.embed, prep.embeddings[:, a0:], special)
-    if say is not None:
-        thinker = _Said(parts, prep, text, say)
+    if say is None:
+        tokens = generate_step(mx.array(prep.ids[-1:], dtype=mx.int32), model.thinker, max_tokens=max_tokens,
+                               sampler=sampler or make_sampler(), logits_processors=logits_processors,
+                               prompt_cache=prep.cache, decode=decode)
+        thinker = _Thinker(parts, prep, text, tokens, max_tokens, stop)
     else:
-        thinker = _Thinker(parts, prep, text, max_tokens, sampler or make_sampler(), logits_processors, stop, decode)
+        # a given reply: its tokens, then the end of the turn, which ends it as the thinker's EOS would. The talker
+        # reads the reply's token embeddings, not the thinker's hidden states over them, so nothing is decoded
+        ids = list(parts.tokenizer.encode(say)) + [args.im_end_token_id]
+        thinker = _Thinker(parts, prep, text, ((t, None) for t in ids), len(ids), eos=[args.im_end_token_id])
 
     if not want_audio:
         while not thinker.done:
