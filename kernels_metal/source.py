@@ -4,7 +4,7 @@ A body (kernels_metal/bodies/<name>.body) is the inside of the generated kernel 
 only in the shared vocabulary (mg_* functions, MG_* macros, mg_tid / mg_lane / ... indices). For a
 backend, the assembler gives:
 
-  header = preludes/<backend>.h + preludes/common.h + extra preludes + "#define" lines of the variant
+  header = preludes/<backend>.h + preludes/common.h + "#define" lines of the variant + extra preludes
            (+ preludes/cuda_tail.h on CUDA: the megakernel's launch bounds)
   source = preludes/<backend>_entry.h (the index variables) + the body
 
@@ -323,8 +323,9 @@ def header(spec: KernelSpec, backend: str) -> str:
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in spec.defines)
     extra = "".join(_read(f"preludes/{p}") for p in spec.preludes)
     tail = _read("preludes/cuda_tail.h") if backend == "cuda" else ""
+    # the variant's #defines come before the extra preludes, which may read them (decode.h's MG_QROW_CHUNKS)
     return (f"// metalgen kernel {spec.name} ({backend})\n" + _read(f"preludes/{backend}.h")
-            + _read("preludes/common.h") + extra + defines + tail)
+            + _read("preludes/common.h") + defines + extra + tail)
 
 
 def body(spec: KernelSpec, backend: str) -> str:

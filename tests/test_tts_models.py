@@ -8,6 +8,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+import kernels_metal as K
 from kernels_metal import reference as R
 from metalgen.models.qwen3_tts.speech_decoder import (
     conv1d_gemm,
@@ -22,6 +23,12 @@ PUBLISHED = {"rope_theta": 1000000.0,
              "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "interleaved": True}}
 
 
+# The same products and sums: equal bits on the CPU. A GPU backend fuses x cos + y sin into one rounding where
+# the CPU rounds twice (H200, 2026-11-26: 2.4e-7 and 4.8e-7 apart, values of a few units), so there the
+# bound is float32 rounding of the results.
+SAME_ROTATION = 0.0 if K.backend() == "cpu" else 1e-6
+
+
 def _mrope_and_rope(positions=4096, dims=128):
     cfg = RopeConfig.from_config(PUBLISHED)
     return MRoPE(cfg, dims, positions), RoPE(cfg, dims, positions)
@@ -34,7 +41,7 @@ def test_mrope_text_positions_equal_plain_rope_at_published_geometry():
     x = mx.random.normal((1, 2, 4096, 128), key=mx.random.key(0))
     got = mrope(x, 0)
     exact = R.rope(x, rope.table, 0)  # the same cos/sin table, rotate_half
-    assert float(mx.max(mx.abs(got - exact))) == 0.0
+    assert float(mx.max(mx.abs(got - exact))) <= SAME_ROTATION
     # The backend's plain RoPE (on the CPU mx.fast.rope, float32 angles) agrees to float32 rounding.
     assert float(mx.max(mx.abs(got - rope(x, 0)))) < 2e-3
 
@@ -42,7 +49,7 @@ def test_mrope_text_positions_equal_plain_rope_at_published_geometry():
 def test_mrope_with_offset_and_cache_positions():
     mrope, rope = _mrope_and_rope(512)
     x = mx.random.normal((1, 2, 7, 128), key=mx.random.key(1))
-    assert float(mx.max(mx.abs(mrope(x, 300) - R.rope(x, rope.table, 300)))) == 0.0
+    assert float(mx.max(mx.abs(mrope(x, 300) - R.rope(x, rope.table, 300)))) <= SAME_ROTATION
 
 
 def test_mrope_distinct_axes_differ_from_rope():

@@ -145,6 +145,7 @@ MG_FN uint32_t mg_mma_col(uint32_t i, uint32_t lane) { return (lane & 3u) * 2u +
 // in place (KV cache, scratch), and the grid barrier of the persistent megakernel.
 #define MG_DEVICE
 #define MG_LOAD_CG(ptr) __ldcg(ptr)
+#define MG_LOAD_CG_U4(ptr) __ldcg((const uint4*)(ptr))
 #define MG_LOAD_U4_NC(ptr) __ldg((const uint4*)(ptr))
 #define MG_LOAD_SHARED_U4(ptr) (*((const uint4*)(ptr)))
 #define MG_MUT(type, ptr) ((type*)(ptr))

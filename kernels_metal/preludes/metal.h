@@ -131,6 +131,7 @@ MG_FN void mg_mma(thread mg_mma_acc& acc, const threadgroup T* a, uint32_t lda, 
 // no grid barrier here: its decode path launches decode_layer once per phase (docs/decode.md).
 #define MG_DEVICE device
 #define MG_LOAD_CG(ptr) (*(ptr))
+#define MG_LOAD_CG_U4(ptr) (*((const device uint4*)(ptr)))
 #define MG_LOAD_U4_NC(ptr) (*((const device uint4*)(ptr)))
 #define MG_LOAD_SHARED_U4(ptr) (*((const threadgroup uint4*)(ptr)))
 #define MG_MUT(type, ptr) ((device type*)(ptr))
