@@ -32,9 +32,9 @@ from metalgen.decode.path import make_step
 from metalgen.sampling import make_sampler
 
 
-def fresh(model, tokens):
-    logits, cache = prefill_random(model, 128)
-    step = make_step(model, cache, 128, tokens + 8, "megakernel_v1")
+def fresh(model, tokens, prompt=128):
+    logits, cache = prefill_random(model, prompt)
+    step = make_step(model, cache, prompt, tokens + 8, "megakernel_v1")
     return step, mx.argmax(logits, axis=-1).astype(mx.int32)
 
 
@@ -92,6 +92,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b"])
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens before the timed steps (the context)")
     ap.add_argument("--min-chunk", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="also time the full token with these attention split sizes (e.g. 32,64)")
     ap.add_argument("--variants", type=parse_variants, default=[],
@@ -103,19 +104,19 @@ def main():
     for shape in args.shapes:
         model, _ = load(f"dummy:{shape}")
         print(f"\n== {shape}: microseconds per token, pipelined, {n} tokens")
-        step, tok = fresh(model, n)
+        step, tok = fresh(model, n, args.prompt)
         full = lambda t: mx.argmax(step(t), axis=-1).astype(mx.int32)  # noqa: E731
         print(f"  full (kernel + head + argmax)   {pipelined(full, tok, n):8.1f}")
-        step, tok = fresh(model, n)
+        step, tok = fresh(model, n, args.prompt)
         sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
         print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
         for label, defines in args.variants:
-            step, tok = fresh(model, n)
+            step, tok = fresh(model, n, args.prompt)
             dec, state, vstep = variant(model, step, label, defines)
             sampled = lambda t: sampler(vstep(t))[0]  # noqa: E731
             print(f"  full, greedy, {label:<17} {pipelined(sampled, tok, n):8.1f}")
-            step, tok = fresh(model, n)
+            step, tok = fresh(model, n, args.prompt)
             dec, state, _ = variant(model, step, label, defines)
             print(f"  kernel only, {label:<18} {pipelined(kernel_only(dec, state, tok), tok, n):8.1f}")
         if args.only_variants:
@@ -123,13 +124,13 @@ def main():
         for mc in args.min_chunk:
             # attention positions per (head, split) item at least: the split count (gpu.MIN_CHUNK)
             gpu.MIN_CHUNK = mc
-            step, tok = fresh(model, n)
+            step, tok = fresh(model, n, args.prompt)
             step.decoder._param_cache.clear()
             sampled = lambda t: sampler(step(t))[0]  # noqa: E731
             print(f"  full, greedy, MIN_CHUNK {mc:<4d}    {pipelined(sampled, tok, n):8.1f}")
         gpu.MIN_CHUNK = min_chunk
         step.decoder._param_cache.clear()
-        step, tok = fresh(model, n)
+        step, tok = fresh(model, n, args.prompt)
         dec, state = step.decoder, step.state
         kernel = kernel_only(dec, state, tok)
         print(f"  kernel only                     {pipelined(kernel, tok, n):8.1f}")

@@ -80,15 +80,8 @@ def test_reference_matches_plain_on_quantized(shape):
         assert w.moe.wgx is model.model.expert_stacks().arrays["gate_proj.weight"]
     layer = model.model.layers[0].self_attn
     assert mx.array_equal(layer.k_proj.scales, w.quant.params["wqkv"][0][0, w.q_dim:w.q_dim + w.kv_dim])
-    try:
-        errors = step_errors(model, "reference", prompt_tokens=9, steps=8)
-    except RuntimeError as e:
-        # MLX's CUDA backend compiles its own 8-bit matmul at run time (NVRTC) with headers that its pip
-        # dependencies bring (crt/mma.h, nvidia-cuda-crt); the H200 image, MLX installed without them, lacks it
-        if "cannot open source file" not in str(e):
-            raise
-        pytest.skip(f"MLX's CUDA JIT lacks a CUDA header here: {str(e).splitlines()[0][:160]}")
-    assert max(errors) < 1e-6
+    with mlx_jit_gap():  # the 8-bit prefill's qmm_sm90 kernel on the H200 image
+        assert max(step_errors(model, "reference", prompt_tokens=9, steps=8)) < 1e-6
     p = mx.array([3, 1, 4, 1, 5, 9, 2, 6], mx.int32)
     assert ([t for t, _ in generate_step(p, model, max_tokens=8, decode="plain")]
             == [t for t, _ in generate_step(p, model, max_tokens=8, decode="reference")])
@@ -526,7 +519,9 @@ def test_hybrid_stack_rebinds_views_and_tables(shape):
     model = load(f"dummy:{shape}")[0]
     ids = mx.array([[11, 7, 5, 3, 2, 1]])
     cache = model.make_cache()
-    before = model(ids, cache=cache)
+    with mlx_jit_gap():  # a 4-bit prefill's qmm_sm90 kernel on the H200 image
+        before = model(ids, cache=cache)
+        mx.eval(before)
     w = stack_weights(model, rebind=True)
     assert mx.array_equal(model(ids, cache=model.make_cache()), before)
     spec = model.spec
@@ -560,6 +555,12 @@ def test_hybrid_stack_keeps_one_copy_of_the_weights():
 
     model = load("dummy:tiny-qwen3.5")[0]
     mx.eval(model.parameters())
+    # an array of a few bytes kept alive first. Once in a whole-suite run on the H200 (2026-11-26) the
+    # stacking grew active memory by 1.6 MB, not in a rerun; the likely cause (not verified there): MLX's
+    # CUDA allocator serves arrays of a few bytes from a pool whose first block a process allocates on
+    # first use, and the stacking's small arrays would count it
+    small = mx.array([1], mx.int32) + 1
+    mx.eval(small)
     before = mx.get_active_memory()
     w = stack_weights(model, rebind=True)
     assert mx.get_active_memory() - before < 64 * 1024
