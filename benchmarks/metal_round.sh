@@ -15,7 +15,9 @@ python3 -c "import kernels_metal as K; assert K.backend() == 'metal', K.backend(
 python3 -m kernels_metal.check --quick --out "$out" 2>&1 | tee "$out/check.txt"
 # the fused path (one launch a phase) is what Metal runs; the megakernel's grid barrier needs
 # co-resident threadgroups, which Metal does not promise, so it stays CUDA-only (docs/decode.md)
-OUT=$out DECODE_MODES=fused DECODE_LONG=0 python3 benchmarks/decode_check.py $shapes 2>&1 | tee "$out/decode_check.txt"
+# (4-bit too: the fused path reads MLX-quantized rows as the megakernel does)
+OUT=$out DECODE_MODES=fused DECODE_LONG=0 python3 benchmarks/decode_check.py $shapes $(printf "%s-4bit " $shapes) 2>&1 \
+    | tee "$out/decode_check.txt"
 for s in $shapes; do
     for q in "" -4bit; do
         bench "$s$q-auto" --model "dummy:$s$q" --prompt-tokens 128 --gen-tokens 256 --runs 3

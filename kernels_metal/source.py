@@ -70,7 +70,7 @@ DECODE_DTYPES = [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16, bf16
 DECODE_MOE_INPUTS = DECODE_INPUTS + ("ltab", "wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
 DECODE_MOE_TEMPLATES = DECODE_TEMPLATES + ("EXT", "KX", "MIT", "SIT")
 DECODE_MOE_DTYPES = DECODE_DTYPES + [i32, bf16, bf16, bf16, bf16, bf16, bf16, bf16]
-# MLX-quantized weights (MG_QUANT 1, the megakernel only): each quantized input's scales and biases
+# MLX-quantized weights (MG_QUANT 1, both decode paths): each quantized input's scales and biases
 QUANT_WEIGHTS = ("embed", "wqkv", "wo", "wgu", "wd")
 QUANT_MOE_WEIGHTS = QUANT_WEIGHTS + ("wr", "wgx", "wux", "wdx", "wsgu", "wsd", "wsg")
 
@@ -247,6 +247,22 @@ SPECS = {
         _spec("decode_layer_hybrid", "decode_layer", DECODE_HYBRID_INPUTS, ["out", "sync"], DECODE_HYBRID_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1)], ("qdot.h", "decode.h"),
               dtypes=DECODE_HYBRID_DTYPES, out=[bf16, u32], tmpl=QWEN35_MOE_TMPL),
+        # MLX-quantized weights (4 or 8 bits) on the fused path too: the megakernel's quantized rows, one launch a
+        # phase, so that Metal (no grid barrier) reads them where it runs the fused path
+        _spec("decode_layer_q", "decode_layer", DECODE_Q_INPUTS, ["out", "sync"], DECODE_TEMPLATES + QUANT_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_QUANT", 1)], ("qdot.h", "decode.h"),
+              dtypes=_quant_dtypes(DECODE_INPUTS, DECODE_DTYPES, QUANT_WEIGHTS), out=[bf16, u32],
+              tmpl=[bf16, 128, True, False, 12288, 4096, 32, 8, 12288, 4, 64, 8, 64]),
+        _spec("decode_layer_moe_q", "decode_layer", DECODE_MOE_Q_INPUTS, ["out", "sync"],
+              DECODE_MOE_TEMPLATES + QUANT_TEMPLATES, [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_QUANT", 1)],
+              ("qdot.h", "decode.h"), dtypes=_quant_dtypes(DECODE_MOE_INPUTS, DECODE_MOE_DTYPES, QUANT_MOE_WEIGHTS),
+              out=[bf16, u32], tmpl=QWEN3_MOE_TMPL + [4, 64, 8, 64]),
+        _spec("decode_layer_hybrid_q", "decode_layer", DECODE_HYBRID_Q_INPUTS, ["out", "sync"],
+              DECODE_HYBRID_TEMPLATES + QUANT_TEMPLATES,
+              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1), ("MG_QUANT", 1)],
+              ("qdot.h", "decode.h"),
+              dtypes=_quant_dtypes(DECODE_HYBRID_INPUTS, DECODE_HYBRID_DTYPES, QUANT_HYBRID_WEIGHTS),
+              out=[bf16, u32], tmpl=QWEN3_NEXT_TMPL + [4, 64, 8, 64]),
         # Magpie's local-transformer draw chain (docs/kernels.md): one launch per step where no grid barrier exists
         _spec("magpie_lt", "magpie_lt", MAGPIE_LT_INPUTS, ["codes", "next_state"], MAGPIE_LT_TEMPLATES,
               [("MG_GRID", 0)], ("magpie_lt.h",), dtypes=MAGPIE_LT_DTYPES, out=[i32, u32], tmpl=MAGPIE_LT_357M),
@@ -298,7 +314,8 @@ KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "dec
            "sample", "moe_route", "moe_gate_up", "moe_gate_up_q4", "moe_gate_up_q8", "moe_down", "moe_down_q4",
            "moe_down_q8", "moe_gemm_gate_up", "moe_gemm_down", "moe_gemm_gate_up_q4", "moe_gemm_gate_up_q8",
            "moe_gemm_down_q4", "moe_gemm_down_q8", "moe_unpack", "moe_pack", "gated_delta_step", "gated_delta_conv_step", "gated_delta_scan", "decode_layer",
-           "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid", "magpie_lt")
+           "decode_layer_v2", "decode_layer_moe", "decode_layer_hybrid", "decode_layer_q", "decode_layer_moe_q",
+           "decode_layer_hybrid_q", "magpie_lt")
 
 
 # Magpie TTS's decoder step (bodies/magpie_decoder.body, docs/kernels.md "Magpie decoder kernel"): the

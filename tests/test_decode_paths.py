@@ -174,8 +174,9 @@ def test_decoder_templates_name_the_model_sizes():
     assert [float(a[0]) for a in dec.quant_inputs] == [v for i in range(len(S.QUANT_MOE_WEIGHTS)) for v in (i, -i)]
     from metalgen.decode.gpu import FusedDecoder
 
-    with pytest.raises(ValueError, match="megakernel only"):
-        FusedDecoder(w, blocks=8)
+    fused = FusedDecoder(w, blocks=8)  # the same quantized rows, a launch a phase (Metal's form)
+    assert fused.kernel_name == "decode_layer_moe_q" and fused.template == dec.template
+    assert len(S.SPECS["decode_layer_moe_q"].inputs) == len(spec.inputs)
 
 
 def test_modes_on_cpu(qwen3):
@@ -208,7 +209,8 @@ def test_v2_metal_text():
 
 DECODE_NVCC = ["decode_megakernel", "decode_megakernel_v2", "decode_layer", "decode_layer_v2", "decode_megakernel_moe",
                "decode_layer_moe", "decode_megakernel_q", "decode_megakernel_moe_q", "decode_megakernel_hybrid",
-               "decode_megakernel_hybrid_q", "decode_layer_hybrid"]
+               "decode_megakernel_hybrid_q", "decode_layer_hybrid", "decode_layer_q", "decode_layer_moe_q",
+               "decode_layer_hybrid_q"]
 
 
 def _decode_program(name: str, head_dim: int) -> str:
@@ -394,6 +396,20 @@ def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
         assert max(errs) < 2e-2
     else:
         assert_close_except_near_ties([e < 2e-2 for e in errs], router_gaps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["qwen3-0.6b-4bit", "qwen3-0.6b-8bit-g32", "tiny-qwen3-moe-4bit", "tiny-qwen3-next-4bit",
+                                   "tiny-qwen3.5-8bit"])
+def test_gpu_quantized_fused_equals_megakernel_bitwise(shape):
+    # the fused path's quantized launches (Metal's form of the decode; run here on CUDA) and the megakernel
+    # share the body: the same logits bit for bit, which ties the fused form to the megakernel's checks above
+    import kernels_metal
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+    with mlx_jit_gap():  # the hybrid 4-bit prefill's qmm_sm90 kernel on the H200 image
+        assert largest_gap_between(load(f"dummy:{shape}")[0], ("fused", "megakernel"), 150, 20) == 0.0
 
 
 @pytest.mark.gpu

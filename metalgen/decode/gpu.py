@@ -17,8 +17,9 @@ every launch of a token runs on the one stream, after the previous token's sampl
 so nothing else touches them meanwhile. The runtime layer count and the token-or-embedding input
 let the same compiled kernel serve any decoder of the same head dim and flags.
 
-MLX-quantized weights (weights.quant, 4 or 8 bits) run on the megakernel only (`decode_megakernel_q`,
-`decode_megakernel_moe_q`: MG_QUANT), each quantized input followed by its scales and biases.
+MLX-quantized weights (weights.quant, 4 or 8 bits) run the body's MG_QUANT variant on either path
+(`decode_megakernel_q`, `decode_layer_q` and their MoE and hybrid forms), each quantized input followed by
+its scales and biases.
 
 MoE decoders (weights.moe) run the body's MG_MOE variant (`decode_megakernel_moe`, `decode_layer_moe`,
 version 1): 6 phases a layer, the sparse layers' router, routing and chosen experts on the GPU; the
@@ -41,7 +42,6 @@ from typing import Optional
 
 import mlx.core as mx
 
-import kernels_metal as K
 from kernels_metal import source as S
 from kernels_metal.gpu import multiprocessors, spec_kernel
 
@@ -86,7 +86,6 @@ VERSIONS = (1, 2)
 class _GpuDecoder:
     base_kernel = ""
     base_name = ""
-    quant_ok = False  # whether this path has quantized kernels
 
     def __init__(self, weights: StackedWeights, blocks: Optional[int] = None, version: int = 1):
         w = weights
@@ -101,8 +100,6 @@ class _GpuDecoder:
         hy = w.hybrid
         if (m is not None or q is not None) and version != 1:
             raise ValueError("the MoE, hybrid and quantized decode kernels are version 1 only")
-        if q is not None and not self.quant_ok:
-            raise ValueError("quantized weights run on the megakernel only")
         kind = "_hybrid" if hy is not None else ("_moe" if m is not None else "")
         self.kernel_name = self.base_kernel + ("_v2" if version == 2 else "") + kind + ("_q" if q is not None else "")
         self.name = self.base_name + ("_v2" if version == 2 else "")
@@ -261,7 +258,6 @@ class _GpuDecoder:
 class MegakernelDecoder(_GpuDecoder):
     base_kernel = "decode_megakernel"
     base_name = "megakernel"
-    quant_ok = True
     init_value = None  # every element of `out` is written; `sync` is unused (no fill launch)
 
     def _stamps(self, state: DecodeState):
