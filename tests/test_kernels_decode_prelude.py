@@ -1,0 +1,146 @@
+"""preludes/decode.h's staging of a phase's input vector, run on the CPU (g++): a group's 256 threads emulated
+one after another (their writes are disjoint), the RMSNorm's block sum done by the driver. Every element
+must be written once, rounded as the kernel's old value-at-a-time loop rounded it, at the hidden and
+intermediate sizes of the dense shapes (896 to 18944: not all multiples of a pass's 4096 or 2048 values).
+The GPU tests run the same functions inside the decode kernels."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from kernels_metal import source as S
+
+GXX = shutil.which("g++") or shutil.which("clang++")
+
+# the prelude vocabulary decode.h uses, for the host; T is bf16 held as its 16 bits (round to nearest even)
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#define MG_FN inline
+#define MG_DEVICE
+#define MG_SHARED_PTR
+struct mg_u4 { uint32_t x, y, z, w; };
+struct mg_f2 { float x, y; };
+struct bf16 { uint16_t bits; };
+#define MG_LOAD_U4(ptr) (*((const mg_u4*)(ptr)))
+#define MG_LOAD_U4_NC(ptr) (*((const mg_u4*)(ptr)))
+#define MG_LOAD_U4_STREAM(ptr) (*((const mg_u4*)(ptr)))
+#define MG_LOAD_CG_U4(ptr) (*((const mg_u4*)(ptr)))
+#define MG_LOAD_SHARED_U4(ptr) (*((const mg_u4*)(ptr)))
+#define MG_DEVICE_ADD_F32(ptr, v) (*(ptr) += (v))
+static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+MG_FN float mg_as_float(uint32_t u) { return bits_float(u); }
+MG_FN float mg_lanes_sum(float v) { return v; }
+template <typename T> MG_FN mg_f2 mg_unpack2(uint32_t u);
+template <> MG_FN mg_f2 mg_unpack2<bf16>(uint32_t u) { return {bits_float(u << 16), bits_float(u & 0xFFFF0000u)}; }
+template <typename T> MG_FN float mg_to_float(T x);
+template <> MG_FN float mg_to_float<bf16>(bf16 x) { return bits_float((uint32_t)x.bits << 16); }
+template <typename T> MG_FN T mg_from_float(float x);
+template <> MG_FN bf16 mg_from_float<bf16>(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return bf16{(uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+"""
+
+DRIVER = r"""
+template <int N>
+int run(const std::vector<float>& h, const std::vector<uint16_t>& wbits, float eps, uint32_t short_by) {
+  alignas(16) static bf16 xs[N];
+  alignas(16) static float hv[N];
+  alignas(16) static bf16 w[N];
+  for (int i = 0; i < N; ++i) {
+    xs[i].bits = 0x7FC1;  // a NaN no staging writes
+    hv[i] = h[i];
+    w[i].bits = wbits[i];
+  }
+  double ss = 0.0;
+  for (uint32_t tid = 0; tid < 256; ++tid) ss += mg_stage_floats<bf16>(xs, hv, (uint32_t)N - short_by, tid);
+  for (int i = 0; i < N; ++i) printf("%u ", (unsigned)xs[i].bits);
+  printf("\n%.9g\n", ss);
+  const float r = 1.0f / std::sqrt((float)ss / (float)N + eps);
+  for (uint32_t tid = 0; tid < 256; ++tid) {
+    const mg_norm_chunks<N> wv = mg_load_norm_weights<bf16, N>(w, tid);
+    mg_norm_staged<bf16, N>(xs, wv, r, tid);
+  }
+  for (int i = 0; i < N; ++i) printf("%u ", (unsigned)xs[i].bits);
+  printf("\n%.9g\n", r);
+  return 0;
+}
+int main(int argc, char** argv) {
+  // argv[1]: stage that many values fewer (the test that the checks see a value left out)
+  const uint32_t short_by = argc > 1 ? (uint32_t)atoi(argv[1]) : 0u;
+  int n;
+  float eps;
+  if (scanf("%d %f", &n, &eps) != 2) return 2;
+  std::vector<float> h(n);
+  std::vector<uint16_t> w(n);
+  for (int i = 0; i < n; ++i) if (scanf("%f", &h[i]) != 1) return 2;
+  for (int i = 0; i < n; ++i) {
+    unsigned b;
+    if (scanf("%u", &b) != 1) return 2;
+    w[i] = (uint16_t)b;
+  }
+SIZES
+  return 3;
+}
+"""
+
+SIZES = [896, 1024, 1536, 2048, 2560, 3584, 4096, 4864, 5120, 18944]
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
+
+
+def bits_value(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def staging(tmp_path_factory):
+    if GXX is None:
+        pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp("staging")
+    sizes = "".join(f"  if (n == {n}) return run<{n}>(h, w, eps, short_by);\n" for n in SIZES)
+    src, exe = folder / "staging.cpp", folder / "staging"
+    src.write_text(PRELUDE + S._read("preludes/qdot.h") + S._read("preludes/decode.h") + DRIVER.replace("SIZES", sizes))
+    r = subprocess.run([GXX, "-std=c++17", "-O1", str(src), "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:3000]
+    return exe
+
+
+def stage(exe, n, short_by=0):
+    rng = np.random.default_rng()
+    h = (rng.standard_normal(n) * np.exp(rng.uniform(-2, 2))).astype(np.float32)
+    w = bf16_bits(rng.uniform(0.5, 1.5, n))
+    text = f"{n} 1e-6\n" + " ".join(repr(float(v)) for v in h) + "\n" + " ".join(str(int(b)) for b in w) + "\n"
+    r = subprocess.run([str(exe), str(short_by)], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    staged, ss, normed, rr = r.stdout.split("\n")[:4]
+    return h, w, np.array(staged.split(), np.uint32), float(ss), np.array(normed.split(), np.uint32), np.float32(rr)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_staged_rms_norm_writes_every_value_as_the_loop_did(staging, n):
+    h, w, staged, ss, normed, r = stage(staging, n)
+    # staging: every value, rounded to bf16 (none left at the NaN the driver fills xs with)
+    assert np.array_equal(staged, bf16_bits(h))
+    exact = float(np.sum(h.astype(np.float64) ** 2))
+    assert abs(ss - exact) <= 1e-5 * exact
+    # the norm: T(float(T(h)) * r * w), as the kernel's loop computed it, with the r the sums gave
+    assert np.array_equal(normed, bf16_bits(bits_value(bf16_bits(h)) * r * bits_value(w)))
+
+
+def test_a_value_left_out_is_caught(staging):
+    h, _, staged, _, _, _ = stage(staging, 1024, short_by=4)
+    assert not np.array_equal(staged, bf16_bits(h)) and np.all(staged[-4:] == 0x7FC1)
