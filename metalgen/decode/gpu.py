@@ -26,7 +26,7 @@ version 1): 6 phases a layer, the sparse layers' router, routing and chosen expe
 fused path skips the dense layers' idle sixth launch.
 
 Hybrid Gated DeltaNet stacks (weights.hybrid: Qwen3-Next, Qwen3.5) run the MG_HYBRID variant, built on
-the MoE one (`decode_megakernel_hybrid`, `_q`; fused: `decode_layer_hybrid`): an attention layer's phases
+the MoE one (`decode_megakernel_hybrid`, `_q`; fused: `decode_layer_hybrid`, `_q`): an attention layer's phases
 as before with the output gate and partial RoPE, a Gated DeltaNet layer's as its input projections with
 the conv, the delta rule, and the gated norm with out_proj; the conv taps and recurrent states of the
 state (`DecodeState.conv`, `.rec`) are updated in place as the KV cache is.
