@@ -6,50 +6,12 @@ The GPU tests run the same functions inside the decode kernels."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from kernels_metal import source as S
-
-GXX = shutil.which("g++") or shutil.which("clang++")
-
-# the prelude vocabulary decode.h uses, for the host; T is bf16 held as its 16 bits (round to nearest even)
-PRELUDE = r"""
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#define MG_FN inline
-#define MG_DEVICE
-#define MG_SHARED_PTR
-struct mg_u4 { uint32_t x, y, z, w; };
-struct mg_f2 { float x, y; };
-struct bf16 { uint16_t bits; };
-#define MG_LOAD_U4(ptr) (*((const mg_u4*)(ptr)))
-#define MG_LOAD_U4_NC(ptr) (*((const mg_u4*)(ptr)))
-#define MG_LOAD_U4_STREAM(ptr) (*((const mg_u4*)(ptr)))
-#define MG_LOAD_CG_U4(ptr) (*((const mg_u4*)(ptr)))
-#define MG_LOAD_SHARED_U4(ptr) (*((const mg_u4*)(ptr)))
-#define MG_DEVICE_ADD_F32(ptr, v) (*(ptr) += (v))
-static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-MG_FN float mg_as_float(uint32_t u) { return bits_float(u); }
-MG_FN float mg_lanes_sum(float v) { return v; }
-template <typename T> MG_FN mg_f2 mg_unpack2(uint32_t u);
-template <> MG_FN mg_f2 mg_unpack2<bf16>(uint32_t u) { return {bits_float(u << 16), bits_float(u & 0xFFFF0000u)}; }
-template <typename T> MG_FN float mg_to_float(T x);
-template <> MG_FN float mg_to_float<bf16>(bf16 x) { return bits_float((uint32_t)x.bits << 16); }
-template <typename T> MG_FN T mg_from_float(float x);
-template <> MG_FN bf16 mg_from_float<bf16>(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return bf16{(uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
-}
-"""
+from host_prelude import bf16_bits, bits_value, compile_with
 
 DRIVER = r"""
 template <int N>
@@ -97,26 +59,11 @@ SIZES
 SIZES = [896, 1024, 1536, 2048, 2560, 3584, 4096, 4864, 5120, 18944]
 
 
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
-
-
-def bits_value(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
 @pytest.fixture(scope="module")
 def staging(tmp_path_factory):
-    if GXX is None:
-        pytest.skip("no C++ compiler")
-    folder = tmp_path_factory.mktemp("staging")
     sizes = "".join(f"  if (n == {n}) return run<{n}>(h, w, eps, short_by);\n" for n in SIZES)
-    src, exe = folder / "staging.cpp", folder / "staging"
-    src.write_text(PRELUDE + S._read("preludes/qdot.h") + S._read("preludes/decode.h") + DRIVER.replace("SIZES", sizes))
-    r = subprocess.run([GXX, "-std=c++17", "-O1", str(src), "-o", str(exe)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:3000]
-    return exe
+    return compile_with(tmp_path_factory.mktemp("staging"), "staging", ["qdot.h", "decode.h"],
+                        DRIVER.replace("SIZES", sizes))
 
 
 def stage(exe, n, short_by=0):

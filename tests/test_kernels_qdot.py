@@ -5,32 +5,12 @@ arithmetic where CI can run it."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from kernels_metal import source as S
-
-GXX = shutil.which("g++") or shutil.which("clang++")
-
-# the prelude vocabulary qdot.h uses, for the host: T is bf16 held as its 16 bits
-PRELUDE = r"""
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <vector>
-#define MG_FN inline
-#define MG_DEVICE
-#define MG_LOAD_U4(ptr) (*((const mg_u4*)(ptr)))
-struct mg_u4 { uint32_t x, y, z, w; };
-struct mg_f2 { float x, y; };
-struct bf16 { uint16_t bits; };
-static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-template <typename T> MG_FN mg_f2 mg_unpack2(uint32_t u);
-template <> MG_FN mg_f2 mg_unpack2<bf16>(uint32_t u) { return {bits_float(u << 16), bits_float(u & 0xFFFF0000u)}; }
-"""
+from host_prelude import bf16_bits, bits_value, compile_with
 
 DRIVER = r"""
 int main() {
@@ -53,26 +33,9 @@ int main() {
 """
 
 
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits, rounded to nearest even (as the model's activations are stored)."""
-    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
-
-
-def bits_value(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 @pytest.fixture(scope="module")
 def qdot_program(tmp_path_factory):
-    if GXX is None:
-        pytest.skip("no C++ compiler")
-    folder = tmp_path_factory.mktemp("qdot")
-    src, exe = folder / "qdot.cpp", folder / "qdot"
-    src.write_text(PRELUDE + S._read("preludes/qdot.h") + DRIVER)
-    r = subprocess.run([GXX, "-std=c++17", "-O1", str(src), "-o", str(exe)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:3000]
-    return exe
+    return compile_with(tmp_path_factory.mktemp("qdot"), "qdot", ["qdot.h"], DRIVER)
 
 
 def run(exe, words, xbits):
@@ -101,7 +64,7 @@ def test_quantized_chunks_against_float64(qdot_program):
     # activations over several magnitudes, as a normed hidden state's are
     x = rng.standard_normal((n, 32)) * np.exp(rng.uniform(-3, 3, size=(n, 1)))
     xbits = bf16_bits(x)
-    xv = bits_value(xbits)
+    xv = bits_value(xbits).astype(np.float64)
     out = run(qdot_program, words, xbits)
     q1, q2 = codes4(words[:, :4]), codes4(words[:, 4:])
     scale = np.abs(xv).sum(axis=1) * 15
