@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -247,22 +247,6 @@ SPECS = {
         _spec("decode_layer_hybrid", "decode_layer", DECODE_HYBRID_INPUTS, ["out", "sync"], DECODE_HYBRID_TEMPLATES,
               [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1)], ("qdot.h", "decode.h"),
               dtypes=DECODE_HYBRID_DTYPES, out=[bf16, u32], tmpl=QWEN35_MOE_TMPL),
-        # MLX-quantized weights (4 or 8 bits) on the fused path too: the megakernel's quantized rows, one launch a
-        # phase, so that Metal (no grid barrier) reads them where it runs the fused path
-        _spec("decode_layer_q", "decode_layer", DECODE_Q_INPUTS, ["out", "sync"], DECODE_TEMPLATES + QUANT_TEMPLATES,
-              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_QUANT", 1)], ("qdot.h", "decode.h"),
-              dtypes=_quant_dtypes(DECODE_INPUTS, DECODE_DTYPES, QUANT_WEIGHTS), out=[bf16, u32],
-              tmpl=[bf16, 128, True, False, 12288, 4096, 32, 8, 12288, 4, 64, 8, 64]),
-        _spec("decode_layer_moe_q", "decode_layer", DECODE_MOE_Q_INPUTS, ["out", "sync"],
-              DECODE_MOE_TEMPLATES + QUANT_TEMPLATES, [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_QUANT", 1)],
-              ("qdot.h", "decode.h"), dtypes=_quant_dtypes(DECODE_MOE_INPUTS, DECODE_MOE_DTYPES, QUANT_MOE_WEIGHTS),
-              out=[bf16, u32], tmpl=QWEN3_MOE_TMPL + [4, 64, 8, 64]),
-        _spec("decode_layer_hybrid_q", "decode_layer", DECODE_HYBRID_Q_INPUTS, ["out", "sync"],
-              DECODE_HYBRID_TEMPLATES + QUANT_TEMPLATES,
-              [("MG_GRID", 0), ("MG_DECODE_V", 1), ("MG_MOE", 1), ("MG_HYBRID", 1), ("MG_QUANT", 1)],
-              ("qdot.h", "decode.h"),
-              dtypes=_quant_dtypes(DECODE_HYBRID_INPUTS, DECODE_HYBRID_DTYPES, QUANT_HYBRID_WEIGHTS),
-              out=[bf16, u32], tmpl=QWEN3_NEXT_TMPL + [4, 64, 8, 64]),
         # Magpie's local-transformer draw chain (docs/kernels.md): one launch per step where no grid barrier exists
         _spec("magpie_lt", "magpie_lt", MAGPIE_LT_INPUTS, ["codes", "next_state"], MAGPIE_LT_TEMPLATES,
               [("MG_GRID", 0)], ("magpie_lt.h",), dtypes=MAGPIE_LT_DTYPES, out=[i32, u32], tmpl=MAGPIE_LT_357M),
@@ -306,6 +290,20 @@ CUDA_ONLY_SPECS = {
               [("MG_GRID", 1)], ("magpie_lt.h",), dtypes=MAGPIE_LT_DTYPES, out=[i32, u32], tmpl=MAGPIE_LT_357M),
     ]
 }
+
+
+def _fused_form(spec: KernelSpec, name: str) -> KernelSpec:
+    """A megakernel's spec without its grid barrier (MG_GRID 0): the fused path's one launch a phase, for both
+    backends."""
+    return replace(spec, name=name, defines=tuple((k, 0 if k == "MG_GRID" else v) for k, v in spec.defines))
+
+
+# MLX-quantized weights (4 or 8 bits) on the fused path too: the quantized megakernels' specs without the grid
+# barrier, so that Metal, which runs the fused path, reads 4/8-bit models as the megakernel does
+SPECS.update({fused: _fused_form(CUDA_ONLY_SPECS[mega], fused) for mega, fused in (
+    ("decode_megakernel_q", "decode_layer_q"), ("decode_megakernel_moe_q", "decode_layer_moe_q"),
+    ("decode_megakernel_hybrid_q", "decode_layer_hybrid_q"))})
+
 
 # the algorithms, for the "every kernel has both variants" check
 KERNELS = ("rms_norm", "add_rms_norm", "rope", "mrope", "decode_attention", "decode_attention_split",
