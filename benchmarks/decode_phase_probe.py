@@ -1,8 +1,8 @@
 """Where a megakernel token's time goes: per-phase durations from the kernel's own timing stamps.
 
-    PYTHONPATH=. python3 benchmarks/decode_phase_probe.py [shape ...] [--tokens 32] [--versions 1,2]
+    PYTHONPATH=. python3 benchmarks/decode_phase_probe.py [shape ...] [--tokens 32] [--versions 1,2] [--prompt 128]
 
-After a 128-token plain prefill, decodes `--tokens` tokens on the megakernel with `stamp_steps`
+After a `--prompt`-token plain prefill (the context), decodes `--tokens` tokens on the megakernel with `stamp_steps`
 set (group 0 stores the SM's cycle counter after every step's grid barrier, kernels_metal
 preludes/cuda.h mg_cycles) and reports, per phase of a layer, the mean microseconds (over layers
 and tokens, the first 4 tokens dropped), each phase's weight bytes and the bandwidth that implies,
@@ -42,9 +42,9 @@ def phase_bytes(w):
                    (m.top_k * m.inter + m.shared) * w.hidden * b]
 
 
-def probe(model, shape: str, version: int, tokens: int):
-    logits, cache = prefill_random(model, 128)
-    step = make_step(model, cache, 128, tokens + 8, f"megakernel_v{version}")
+def probe(model, shape: str, version: int, tokens: int, prompt: int = 128):
+    logits, cache = prefill_random(model, prompt)
+    step = make_step(model, cache, prompt, tokens + 8, f"megakernel_v{version}")
     dec, state = step.decoder, step.state
     dec.stamp_steps = True
     w = dec.w
@@ -67,7 +67,7 @@ def probe(model, shape: str, version: int, tokens: int):
     total = a.sum(axis=1)
     nb = phase_bytes(w)
     print(f"\n== {shape}, {dec.name} (version {version}), {dec.blocks} groups, {L} layers, "
-          f"position ~{128 + tokens // 2}")
+          f"position ~{prompt + tokens // 2}")
     mk = np.array(marks)[:, : P * L].reshape(len(marks), L, P, 2)  # us from the step's start
     for p in range(P):
         us = float(layer[:, :, p].mean())
@@ -90,11 +90,12 @@ def main():
     ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--versions", default="1,2")
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens before the timed steps (the context)")
     args = ap.parse_args()
     for shape in args.shapes:
         model, _ = load(f"dummy:{shape}")
         for v in (int(x) for x in args.versions.split(",")):
-            probe(model, shape, v, args.tokens)
+            probe(model, shape, v, args.tokens, args.prompt)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What a megakernel token costs outside the kernel: pipelined decode (step n+1 enqueued before
 token n is read, as generate_step does) timed in variants.
 
-    PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128] [--min-chunk 32,64]
+    PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128] [--min-chunk 32,64] [--group-from 0,6144]
         [--variants "v:MG_DEF=0;ref:@decode_layer_ref" [--only-variants]]
 
 (`ref:@decode_layer_ref` compiles kernels_metal/bodies/decode_layer_ref.body, e.g. a body from an earlier
@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens before the timed steps (the context)")
     ap.add_argument("--min-chunk", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="also time the full token with these attention split sizes (e.g. 32,64)")
+    ap.add_argument("--group-from", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="also time the full token with gpu.GROUP_FROM at these lengths (0: 2 query heads an "
+                         "attention item always)")
     ap.add_argument("--variants", type=parse_variants, default=[],
                     help="label:DEF=v,...;label2:... megakernels with other #defines, timed after the default")
     ap.add_argument("--only-variants", action="store_true", help="time the default and the variants only")
@@ -129,6 +132,15 @@ def main():
             sampled = lambda t: sampler(step(t))[0]  # noqa: E731
             print(f"  full, greedy, MIN_CHUNK {mc:<4d}    {pipelined(sampled, tok, n):8.1f}")
         gpu.MIN_CHUNK = min_chunk
+        group_from = gpu.GROUP_FROM
+        for gf in args.group_from:
+            # from this many positions on, an attention item takes 2 query heads of a KV head
+            gpu.GROUP_FROM = gf
+            step, tok = fresh(model, n, args.prompt)
+            step.decoder._param_cache.clear()
+            sampled = lambda t: sampler(step(t))[0]  # noqa: E731
+            print(f"  full, greedy, GROUP_FROM {gf:<6d} {pipelined(sampled, tok, n):8.1f}")
+        gpu.GROUP_FROM = group_from
         step.decoder._param_cache.clear()
         step, tok = fresh(model, n, args.prompt)
         dec, state = step.decoder, step.state

@@ -34,6 +34,10 @@ struct bf16 { uint16_t bits; };
 #define MG_LOAD_CG_U4(ptr) (*((const mg_u4*)(ptr)))
 #define MG_LOAD_SHARED_U4(ptr) (*((const mg_u4*)(ptr)))
 #define MG_DEVICE_ADD_F32(ptr, v) (*(ptr) += (v))
+#define MG_LOAD_CG(ptr) (*(ptr))
+MG_FN float mg_inf() { return INFINITY; }
+MG_FN float mg_fmax(float a, float b) { return std::fmax(a, b); }
+MG_FN float mg_exp(float x) { return std::exp(x); }
 static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 MG_FN float mg_as_float(uint32_t u) { return bits_float(u); }
 MG_FN float mg_lanes_sum(float v) { return v; }

@@ -1,8 +1,12 @@
-"""preludes/decode.h's staging of a phase's input vector, run on the CPU (g++): a group's 256 threads emulated
-one after another (their writes are disjoint), the RMSNorm's block sum done by the driver. Every element
-must be written once, rounded as the kernel's old value-at-a-time loop rounded it, at the hidden and
-intermediate sizes of the dense shapes (896 to 18944: not all multiples of a pass's 4096 or 2048 values).
-The GPU tests run the same functions inside the decode kernels."""
+"""preludes/decode.h run on the CPU (g++); the GPU tests run the same functions inside the decode kernels.
+
+The staging of a phase's input vector: a group's 256 threads emulated one after another (their writes are
+disjoint), the RMSNorm's block sum done by the driver. Every element must be written once, rounded as the
+kernel's old value-at-a-time loop rounded it, at the hidden and intermediate sizes of the dense shapes (896 to
+18944: not all multiples of a pass's 4096 or 2048 values).
+
+The attention splits' merge (mg_merge_splits): every value of a head from its splits' partials, against
+float64, at split counts below, at and past its batch of 8."""
 
 from __future__ import annotations
 
@@ -91,3 +95,64 @@ def test_staged_rms_norm_writes_every_value_as_the_loop_did(staging, n):
 def test_a_value_left_out_is_caught(staging):
     h, _, staged, _, _, _ = stage(staging, 1024, short_by=4)
     assert not np.array_equal(staged, bf16_bits(h)) and np.all(staged[-4:] == 0x7FC1)
+
+
+MERGE_DRIVER = r"""
+int main() {
+  int ns, pad;
+  if (scanf("%d %d", &ns, &pad) != 2) return 2;
+  // the splits' partials [ns + pad][130]; the pad splits' max is 1e4 (past any split's: a read of one past
+  // ns in either pass makes the result inf or NaN)
+  std::vector<float> pp((size_t)(ns + pad) * 130);
+  for (size_t i = 0; i < pp.size(); ++i) {
+    if (i < (size_t)ns * 130) {
+      if (scanf("%f", &pp[i]) != 1) return 2;
+    } else {
+      pp[i] = i % 130 == 128 ? 1e4f : 1.0f;
+    }
+  }
+  for (int d = 0; d < 128; ++d) printf("%.9g ", mg_merge_splits<128>(pp.data(), ns, d));
+  printf("\n");
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def merging(tmp_path_factory):
+    return compile_with(tmp_path_factory.mktemp("merge"), "merge", ["qdot.h", "decode.h"], MERGE_DRIVER)
+
+
+def merge(exe, parts, pad=3):
+    ns = parts.shape[0]
+    text = f"{ns} {pad}\n" + " ".join(repr(float(v)) for v in parts.reshape(-1)) + "\n"
+    r = subprocess.run([str(exe)], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return np.array(r.stdout.split(), np.float64)
+
+
+@pytest.mark.parametrize("ns", [1, 5, 8, 9, 33])
+def test_merge_splits_matches_float64(merging, ns):
+    rng = np.random.default_rng()
+    D = 128
+    parts = np.zeros((ns, D + 2), np.float32)
+    m = rng.uniform(-4, 12, ns).astype(np.float32)
+    if ns > 1:
+        m[rng.integers(ns)] = -np.inf  # a split with no positions: no max, no sum, no values
+    parts[:, D] = m
+    live = np.isfinite(m)
+    parts[live, D + 1] = rng.uniform(1, 50, live.sum())
+    parts[live, :D] = rng.standard_normal((live.sum(), D)) * parts[live, D + 1:D + 2]
+    f = np.where(live, np.exp(m.astype(np.float64) - m[live].max()), 0.0)
+    want = (f[:, None] * parts[:, :D].astype(np.float64)).sum(0) / (f * parts[:, D + 1]).sum()
+    got = merge(merging, parts)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6 * np.abs(want).max())
+
+
+def test_merge_splits_reads_no_split_past_the_count(merging):
+    # the same partials merged with outsized splits after them and without: the same bits
+    rng = np.random.default_rng()
+    parts = np.concatenate([rng.standard_normal((9, 128)), rng.uniform(0, 3, (9, 1)), rng.uniform(1, 9, (9, 1))], 1)
+    parts = parts.astype(np.float32)
+    got = merge(merging, parts, pad=7)
+    assert np.all(np.isfinite(got)) and np.array_equal(got, merge(merging, parts, pad=0))

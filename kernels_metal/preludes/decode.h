@@ -331,6 +331,46 @@ MG_FN float mg_warp_dot_part(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, ui
   return mg_lanes_sum(acc);
 }
 
+// --- the attention splits' merge ----------------------------------------------------------------------
+// One value d of a head's attention output from its ns splits' partials, pp: [split][D + 2] (the split's
+// D unnormalised values, then its running max m and its sum l): sum_s e^(m_s - M) a_s[d] over
+// sum_s e^(m_s - M) l_s, M the largest m_s, summed in the order of the splits (the megakernel's merge and
+// the fused path's give the same bits). A split whose m is -inf adds nothing. Each pass loads 8 splits
+// before the first is used: one split a round trip (through L2, twice a split) made the merge grow with
+// the context (33 splits a head from 1056 positions on, at 264 groups of 8 items a split).
+template <int D>
+MG_FN float mg_merge_splits(const MG_DEVICE float* pp, int ns, int d) {
+  float M = -mg_inf();
+  for (int s0 = 0; s0 < ns; s0 += 8) {
+    float mb[8];
+    for (int j = 0; j < 8; ++j) mb[j] = s0 + j < ns ? MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D) : -mg_inf();
+    for (int j = 0; j < 8; ++j) M = mg_fmax(M, mb[j]);
+  }
+  float num = 0.0f;
+  float den = 0.0f;
+  for (int s0 = 0; s0 < ns; s0 += 8) {
+    float mb[8];
+    float lb[8];
+    float ab[8];
+    for (int j = 0; j < 8; ++j) {
+      mb[j] = -mg_inf();
+      lb[j] = 0.0f;
+      ab[j] = 0.0f;
+      if (s0 + j < ns) {
+        mb[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D);
+        lb[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D + 1);
+        ab[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + d);
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const float f = mb[j] > -mg_inf() ? mg_exp(mb[j] - M) : 0.0f;
+      num += f * ab[j];
+      den += f * lb[j];
+    }
+  }
+  return num / den;
+}
+
 // Split-K matrix-vector product: acc[row] += W[row, :] . xs for rows [0, N), K a multiple of 8,
 // cut into tasks (row, K slice of 256 * per elements) spread over all `nw` lane-groups of the
 // grid, `per` (1..4 loads a lane, one round trip) chosen so that there are about as many tasks as
