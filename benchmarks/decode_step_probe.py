@@ -102,7 +102,6 @@ def main():
                     help="label:DEF=v,...;label2:... megakernels with other #defines, timed after the default")
     ap.add_argument("--only-variants", action="store_true", help="time the default and the variants only")
     args = ap.parse_args()
-    min_chunk = gpu.MIN_CHUNK
     n = args.tokens
     for shape in args.shapes:
         model, _ = load(f"dummy:{shape}")
@@ -124,23 +123,18 @@ def main():
             print(f"  kernel only, {label:<18} {pipelined(kernel_only(dec, state, tok), tok, n):8.1f}")
         if args.only_variants:
             continue
-        for mc in args.min_chunk:
-            # attention positions per (head, split) item at least: the split count (gpu.MIN_CHUNK)
-            gpu.MIN_CHUNK = mc
-            step, tok = fresh(model, n, args.prompt)
-            step.decoder._param_cache.clear()
-            sampled = lambda t: sampler(step(t))[0]  # noqa: E731
-            print(f"  full, greedy, MIN_CHUNK {mc:<4d}    {pipelined(sampled, tok, n):8.1f}")
-        gpu.MIN_CHUNK = min_chunk
-        group_from = gpu.GROUP_FROM
-        for gf in args.group_from:
-            # from this many positions on, an attention item takes 2 query heads of a KV head
-            gpu.GROUP_FROM = gf
-            step, tok = fresh(model, n, args.prompt)
-            step.decoder._param_cache.clear()
-            sampled = lambda t: sampler(step(t))[0]  # noqa: E731
-            print(f"  full, greedy, GROUP_FROM {gf:<6d} {pipelined(sampled, tok, n):8.1f}")
-        gpu.GROUP_FROM = group_from
+        # the split count (gpu.MIN_CHUNK: attention positions per (head, split) item at least) and
+        # gpu.GROUP_FROM (from this many positions on, an attention item takes 2 query heads of a KV head):
+        # the full token with each value, read when the parameter rows are made
+        for name, values in (("MIN_CHUNK", args.min_chunk), ("GROUP_FROM", args.group_from)):
+            kept = getattr(gpu, name)
+            for v in values:
+                setattr(gpu, name, v)
+                step, tok = fresh(model, n, args.prompt)
+                step.decoder._param_cache.clear()
+                sampled = lambda t: sampler(step(t))[0]  # noqa: E731
+                print(f"  full, greedy, {name} {v:<6d} {pipelined(sampled, tok, n):8.1f}")
+            setattr(gpu, name, kept)
         step.decoder._param_cache.clear()
         step, tok = fresh(model, n, args.prompt)
         dec, state = step.decoder, step.state
