@@ -331,6 +331,17 @@ MG_FN float mg_warp_dot_part(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, ui
   return mg_lanes_sum(acc);
 }
 
+// 16 bytes of shared memory that is only 4-byte aligned (MG_LOAD_SHARED_U4 needs 16): the decode
+// attention's restaged query heads and new key and value, in a lane-group's slot of wm
+MG_FN mg_u4 mg_shared_words4(MG_SHARED_PTR const uint32_t* w) {
+  mg_u4 r;
+  r.x = w[0];
+  r.y = w[1];
+  r.z = w[2];
+  r.w = w[3];
+  return r;
+}
+
 // --- the attention splits' merge ----------------------------------------------------------------------
 // One value d of a head's attention output from its ns splits' partials, pp: [split][D + 2] (the split's
 // D unnormalised values, then its running max m and its sum l): sum_s e^(m_s - M) a_s[d] over

@@ -52,8 +52,8 @@ THREADS = 256
 # 4 positions, decode_layer.body). H200, 2026-11-26, against 16 in the same process at 128 positions: qwen3-0.6b
 # 842.8 against 857.7 us a token, qwen2.5-0.5b 771.8 against 788.9 (64: 864.0, 786.7); at 1024 positions the
 # split count is the same either way (the groups bound it), and measured 911.5 against 931.0: one run's
-# noise is about 2%. 16 had won against 64 by 2-5% with the earlier
-# attention loop (2 positions a lane-group a round trip).
+# noise is about 2%. 16 had won against 64 by 2-5% with the earlier attention loop (2 positions a
+# lane-group a round trip).
 MIN_CHUNK = 32
 PARAM_BLOCK = 64  # positions whose parameter rows are made at once
 
