@@ -1,11 +1,12 @@
 """Can a megakernel phase's first weight loads be issued before its grid barrier? A kernel that runs only
 phases, on a CUDA GPU: in each of n phases every lane-group of every group reads its rows of a fresh slice of
-a weight buffer (rows of K bf16 values, 4 16-byte chunks a lane a round trip, the decode GEMV's loads), sums
+a weight buffer (rows of K 16-bit values, 4 16-byte chunks a lane a round trip, the decode GEMV's loads), sums
 them, and the groups meet at the megakernel's grid barrier (kernels_metal/preludes/cuda.h). The phase's
-time is (t_n - t_0) / n, each launch evaluated, median of 15. Modes, before each barrier:
+time is (t_n - t_1) / (n - 1), each launch evaluated, median of 15. Modes, before each barrier:
 
   none    nothing
-  l1      the next phase's first row asked of L1 (prefetch.global.L1), as MG_PF_BYTES in decode_layer.body
+  l1      the next phase's first row asked of L1 (prefetch.global.L1), as tried in the decode megakernel
+          (docs/decode.md, "Asked of the caches ahead": it did not pay there)
   l2      the same into L2 (prefetch.global.L2)
   regs    the next phase's first round trip loaded into registers, used after the barrier
 
