@@ -2,7 +2,7 @@
 token n is read, as generate_step does) timed in variants.
 
     PYTHONPATH=. python3 benchmarks/decode_step_probe.py [shape ...] [--tokens 128] [--min-chunk 32,64] [--group-from 0,6144]
-        [--variants "v:MG_DEF=0;ref:@decode_layer_ref" [--only-variants]]
+        [--variants "v:MG_DEF=0;ref:@decode_layer_ref" [--only-variants] [--check 24]]
 
 (`ref:@decode_layer_ref` compiles kernels_metal/bodies/decode_layer_ref.body, e.g. a body from an earlier
 commit: `git show HEAD~1:kernels_metal/bodies/decode_layer.body > kernels_metal/bodies/decode_layer_ref.body`,
@@ -11,7 +11,9 @@ so the old and the new kernel are timed on the same machine in the same call.)
 variants: full (kernel + LM head + argmax; with make_sampler()'s greedy instead; that per attention
 split size with --min-chunk; that for megakernels compiled with other #defines of decode_layer.body
 with --variants), kernel only (no LM head: the next input is a fixed
-token), and the LM head + argmax alone on a fixed hidden state. (A variant with every position's
+token), and the LM head + argmax alone on a fixed hidden state. With --check N, each variant's logits are also
+compared with the default kernel's over N steps teacher-forced on the default's greedy tokens (the largest
+difference, and whether they are the same bits): a timing of a wrong kernel does not pass unseen. (A variant with every position's
 parameter array built before the timed loop measured 65 us a token faster, which led to
 gpu.py's parameter blocks.)
 """
@@ -66,6 +68,27 @@ def parse_variants(text):
     return out
 
 
+def check_variant(model, label, defines, n, prompt):
+    """Largest |logit difference| of a variant against the default kernel over `n` steps from the same prefill,
+    both fed the default's greedy tokens, and whether every step's logits were the same bits."""
+    step, tok = fresh(model, n, prompt)
+    ref, fed = [], []
+    for _ in range(n):
+        logits = step(tok)
+        tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+        mx.eval(logits, tok)
+        ref.append(logits)
+        fed.append(tok)
+    step, first = fresh(model, n, prompt)
+    _, _, vstep = variant(model, step, label, defines)
+    worst, same, tok = 0.0, True, first
+    for i in range(n):
+        logits = vstep(tok)
+        d = mx.max(mx.abs(logits.astype(mx.float32) - ref[i].astype(mx.float32))).item()
+        worst, same, tok = max(worst, d), same and d == 0.0, fed[i]
+    return worst, same
+
+
 def kernel_only(dec, state, fixed):
     """A step function that runs only the kernel, always on the token `fixed` (no LM head), and
     returns a token that depends on the kernel's output (4 bytes read back)."""
@@ -101,6 +124,8 @@ def main():
     ap.add_argument("--variants", type=parse_variants, default=[],
                     help="label:DEF=v,...;label2:... megakernels with other #defines, timed after the default")
     ap.add_argument("--only-variants", action="store_true", help="time the default and the variants only")
+    ap.add_argument("--check", type=int, default=0, metavar="N",
+                    help="also compare each variant's logits with the default kernel's over N steps")
     args = ap.parse_args()
     n = args.tokens
     for shape in args.shapes:
@@ -121,6 +146,10 @@ def main():
             step, tok = fresh(model, n, args.prompt)
             dec, state, _ = variant(model, step, label, defines)
             print(f"  kernel only, {label:<18} {pipelined(kernel_only(dec, state, tok), tok, n):8.1f}")
+            if args.check:
+                worst, same = check_variant(model, label, defines, args.check, args.prompt)
+                print(f"  check, {label:<24} {args.check} steps against the default: largest |logit difference| "
+                      f"{worst:.3g}, {'the same bits' if same else 'not the same bits'}")
         if args.only_variants:
             continue
         # the split count (gpu.MIN_CHUNK: attention positions per (head, split) item at least) and
