@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import mlx.core as mx
+from decode_barrier_probe import timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,20 +129,11 @@ def main():
                      output_shapes=[(nb * 256,)], output_dtypes=[mx.float32])
             mx.eval(o)
 
-        def timed(fn, reps=9):
-            fn()
-            ts = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t)
-            return statistics.median(ts)
-
         for V in (int(s) for s in a.words.split(",")):
             for WL in (int(s) for s in a.load.split(",")):
                 for mode, name in enumerate(MODES):
-                    t0 = timed(lambda: launch(0, mode, V, WL))
-                    tn = timed(lambda: launch(a.rounds, mode, V, WL))
+                    t0 = timed(lambda: launch(0, mode, V, WL), reps=9, warm=1)
+                    tn = timed(lambda: launch(a.rounds, mode, V, WL), reps=9, warm=1)
                     print(f"groups {nb:>4} words {V:>5} loads {WL:>2} {name:<13} {(tn - t0) / a.rounds * 1e6:7.3f} us a round",
                           flush=True)
 
