@@ -68,21 +68,28 @@ def parse_variants(text):
     return out
 
 
-def check_variant(model, label, defines, n, prompt):
-    """Largest |logit difference| of a variant against the default kernel over `n` steps from the same prefill,
-    both fed the default's greedy tokens, and whether every step's logits were the same bits."""
-    step, tok = fresh(model, n, prompt)
-    ref, fed = [], []
+def default_run(model, n, prompt):
+    """The default kernel over `n` steps from a fresh prefill, fed its own greedy tokens: (first token, each
+    step's logits, the token fed after each step), what check_variant compares every variant with."""
+    step, first = fresh(model, n, prompt)
+    ref, fed, tok = [], [], first
     for _ in range(n):
         logits = step(tok)
         tok = mx.argmax(logits, axis=-1).astype(mx.int32)
         mx.eval(logits, tok)
         ref.append(logits)
         fed.append(tok)
-    step, first = fresh(model, n, prompt)
+    return first, ref, fed
+
+
+def check_variant(model, label, defines, prompt, default):
+    """Largest |logit difference| of a variant against the default kernel's run `default` (default_run) from the
+    same prefill, fed the default's greedy tokens, and whether every step's logits were the same bits."""
+    first, ref, fed = default
+    step, _ = fresh(model, len(ref), prompt)
     _, _, vstep = variant(model, step, label, defines)
     worst, same, tok = 0.0, True, first
-    for i in range(n):
+    for i in range(len(ref)):
         logits = vstep(tok)
         d = mx.max(mx.abs(logits.astype(mx.float32) - ref[i].astype(mx.float32))).item()
         worst, same, tok = max(worst, d), same and d == 0.0, fed[i]
@@ -138,6 +145,8 @@ def main():
         sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
         print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
+        # the default kernel's logits, once a shape, for --check
+        default = default_run(model, args.check, args.prompt) if args.check and args.variants else None
         for label, defines in args.variants:
             step, tok = fresh(model, n, args.prompt)
             dec, state, vstep = variant(model, step, label, defines)
@@ -147,7 +156,7 @@ def main():
             dec, state, _ = variant(model, step, label, defines)
             print(f"  kernel only, {label:<18} {pipelined(kernel_only(dec, state, tok), tok, n):8.1f}")
             if args.check:
-                worst, same = check_variant(model, label, defines, args.check, args.prompt)
+                worst, same = check_variant(model, label, defines, args.prompt, default)
                 print(f"  check, {label:<24} {args.check} steps against the default: largest |logit difference| "
                       f"{worst:.3g}, {'the same bits' if same else 'not the same bits'}")
         if args.only_variants:
