@@ -102,6 +102,53 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
   return mg_warp_dot2x<T>(w1, xs, w2, xs, K, lane);
 }
 
+// Two rows of one weight with one vector, each summed exactly as mg_warp_dot sums one (the same bits as two
+// calls): four chunks of each row a round trip, the trip's four dots added to the row's sum as one term, then the
+// row's last (up to three) chunks one at a time; both rows' chunks in flight together.
+template <typename T>
+MG_FN mg_f2 mg_warp_dot_pair(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
+                             uint32_t lane) {
+  float a = 0.0f;
+  float b = 0.0f;
+  uint32_t k = lane * 8u;
+  for (; k + 768u < K; k += 1024u) {
+    mg_u4 p[4];
+    mg_u4 q[4];
+#pragma unroll
+    for (uint32_t i = 0; i < 4u; ++i) {
+      p[i] = MG_LOAD_U4_NC(w1 + k + 256u * i);
+      q[i] = MG_LOAD_U4_NC(w2 + k + 256u * i);
+    }
+    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
+    const mg_u4 x1 = MG_LOAD_SHARED_U4(xs + k + 256u);
+    const mg_u4 x2 = MG_LOAD_SHARED_U4(xs + k + 512u);
+    const mg_u4 x3 = MG_LOAD_SHARED_U4(xs + k + 768u);
+    a += mg_dot8<T>(p[0], x0) + mg_dot8<T>(p[1], x1) + mg_dot8<T>(p[2], x2) + mg_dot8<T>(p[3], x3);
+    b += mg_dot8<T>(q[0], x0) + mg_dot8<T>(q[1], x1) + mg_dot8<T>(q[2], x2) + mg_dot8<T>(q[3], x3);
+  }
+  mg_u4 p[3];
+  mg_u4 q[3];
+#pragma unroll
+  for (uint32_t j = 0; j < 3u; ++j) {
+    if (k + 256u * j < K) {
+      p[j] = MG_LOAD_U4_NC(w1 + k + 256u * j);
+      q[j] = MG_LOAD_U4_NC(w2 + k + 256u * j);
+    }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < 3u; ++j) {
+    if (k + 256u * j < K) {
+      const mg_u4 xj = MG_LOAD_SHARED_U4(xs + k + 256u * j);
+      a += mg_dot8<T>(p[j], xj);
+      b += mg_dot8<T>(q[j], xj);
+    }
+  }
+  mg_f2 r;
+  r.x = mg_lanes_sum(a);
+  r.y = mg_lanes_sum(b);
+  return r;
+}
+
 // --- a phase's input vector into shared memory ------------------------------------------------------
 // The phases read float buffers that other groups wrote in this launch (through L2). A thread's 16-byte
 // loads of a pass (4 floats each, up to 4) are all issued before the first is used: staging n values is
@@ -303,6 +350,14 @@ MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_
                                          b2 + r2 * (K / GS), xs, K, lane);
 }
 
+// Rows r1 and r2 of one weight dotted with xs, both in flight at once, each summed as mg_wrow_dot sums it
+template <typename T, int QB, int GS>
+MG_FN mg_f2 mg_wrow_pair(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t r1, size_t r2,
+                         MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
+  if (QB == 0) return mg_warp_dot_pair<T>(w + r1 * K, w + r2 * K, xs, K, lane);
+  return mg_wrow_dot2<T, QB, GS>(w, s, b, r1, w, s, b, r2, xs, K, lane);
+}
+
 // Value i of row `row`, as float (the token's embedding row)
 template <typename T, int QB, int GS>
 MG_FN float mg_wrow_get(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t row, uint32_t i,
@@ -318,6 +373,29 @@ MG_FN float mg_wrow_get(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEV
 // Round a float to T and back: the decode kernels round where the plain MLX path stores T.
 template <typename T>
 MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }
+
+// Rows base + r (r < n) of a weight dotted with xs (K long), each rounded to T and added to the residual h[r],
+// rounded again (the plain path's matmul, then its add): lane-group gw of nw takes rows gw, gw + nw, ...;
+// with PAIRS two rows a round trip (r and r + nw), the same bits
+template <typename T, int QB, int GS, bool PAIRS>
+MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t base,
+                                MG_SHARED_PTR const T* xs, uint32_t K, uint32_t n, MG_DEVICE float* h, uint32_t gw,
+                                uint32_t nw, uint32_t lane) {
+  uint32_t r = gw;
+  if (PAIRS) {
+    for (; r + nw < n; r += 2u * nw) {
+      const mg_f2 ab = mg_wrow_pair<T, QB, GS>(w, s, b, base + r, base + r + nw, xs, K, lane);
+      if (lane == 0) {
+        h[r] = mg_round<T>(MG_LOAD_CG(h + r) + mg_round<T>(ab.x));
+        h[r + nw] = mg_round<T>(MG_LOAD_CG(h + r + nw) + mg_round<T>(ab.y));
+      }
+    }
+  }
+  for (; r < n; r += nw) {
+    const float o = mg_round<T>(mg_wrow_dot<T, QB, GS>(w, s, b, base + r, xs, K, lane));
+    if (lane == 0) h[r] = mg_round<T>(MG_LOAD_CG(h + r) + o);
+  }
+}
 
 // --- decode v2 (MG_DECODE_V 2) ----------------------------------------------------------------------
 // Partial dot of w[k0:k1] with xs[k0:k1] over one lane-group (k0, k1 multiples of 8): every lane
