@@ -6,7 +6,10 @@ kernel's old value-at-a-time loop rounded it, at the hidden and intermediate siz
 18944: not all multiples of a pass's 4096 or 2048 values).
 
 The attention splits' merge (mg_merge_splits): every value of a head from its splits' partials, against
-float64, at split counts below, at and past its batch of 8."""
+float64, at split counts below, at and past its batch of 8.
+
+A lane-group's rows two at a time (mg_wrow_pair, mg_rows_add_residual: o_proj and down into the residual): the
+bits of the single-row dot in every lane, bf16 and 4-bit, and every row added once, in pairs or not alike."""
 
 from __future__ import annotations
 
@@ -158,3 +161,109 @@ def test_merge_splits_reads_no_split_past_the_count(merging):
     parts = parts.astype(np.float32)
     got = merge(merging, parts, pad=7)
     assert np.all(np.isfinite(got)) and np.array_equal(got, merge(merging, parts, pad=0))
+
+
+ROWS_DRIVER = r"""
+template <int QB>
+int run(int K, int n, int nw) {
+  constexpr int GS = 64;
+  const size_t words = (size_t)n * (size_t)K * (QB ? QB : 16) / 32;  // 32-bit words of the weight
+  const size_t groups = QB ? (size_t)n * (size_t)K / GS : 1;
+  std::vector<uint32_t> w(words);
+  std::vector<bf16> s(groups), b(groups), x(K);
+  std::vector<float> h0(n);
+  for (size_t i = 0; i < words; ++i) if (scanf("%u", &w[i]) != 1) return 2;
+  for (size_t i = 0; QB && i < groups; ++i) if (scanf("%hu", &s[i].bits) != 1) return 2;
+  for (size_t i = 0; QB && i < groups; ++i) if (scanf("%hu", &b[i].bits) != 1) return 2;
+  for (int i = 0; i < K; ++i) if (scanf("%hu", &x[i].bits) != 1) return 2;
+  for (int i = 0; i < n; ++i) if (scanf("%f", &h0[i]) != 1) return 2;
+  const bf16* wt = (const bf16*)w.data();
+  // a pair's dots against the single-row dot's, every lane of neighbouring rows: bits that differ
+  long differ = 0;
+  for (int r = 0; r + 1 < n; r += 2) {
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      const mg_f2 p = mg_wrow_pair<bf16, QB, GS>(wt, s.data(), b.data(), r, r + 1, x.data(), K, lane);
+      const float a = mg_wrow_dot<bf16, QB, GS>(wt, s.data(), b.data(), r, x.data(), K, lane);
+      const float c = mg_wrow_dot<bf16, QB, GS>(wt, s.data(), b.data(), r + 1, x.data(), K, lane);
+      differ += memcmp(&p.x, &a, 4) != 0;
+      differ += memcmp(&p.y, &c, 4) != 0;
+    }
+  }
+  printf("%ld\n", differ);
+  // each row's dot, the lanes' parts summed in double
+  for (int r = 0; r < n; ++r) {
+    double t = 0.0;
+    for (uint32_t lane = 0; lane < 32; ++lane) t += mg_wrow_dot<bf16, QB, GS>(wt, s.data(), b.data(), r, x.data(), K, lane);
+    printf("%.9g ", t);
+  }
+  printf("\n");
+  // the residual add over nw lane-groups (lane 0 writes: on the host its own part is its dot), in pairs, then not
+  for (int pairs = 1; pairs >= 0; --pairs) {
+    std::vector<float> h = h0;
+    for (uint32_t gw = 0; gw < (uint32_t)nw; ++gw) {
+      if (pairs) {
+        mg_rows_add_residual<bf16, QB, GS, true>(wt, s.data(), b.data(), 0, x.data(), K, n, h.data(), gw, nw, 0u);
+      } else {
+        mg_rows_add_residual<bf16, QB, GS, false>(wt, s.data(), b.data(), 0, x.data(), K, n, h.data(), gw, nw, 0u);
+      }
+    }
+    for (int r = 0; r < n; ++r) printf("%.9g ", h[r]);
+    printf("\n");
+  }
+  return 0;
+}
+int main() {
+  int qb, K, n, nw;
+  if (scanf("%d %d %d %d", &qb, &K, &n, &nw) != 4) return 2;
+  return qb == 4 ? run<4>(K, n, nw) : run<0>(K, n, nw);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    return compile_with(tmp_path_factory.mktemp("rows"), "rows", ["qdot.h", "decode.h"], ROWS_DRIVER)
+
+
+# (bits, K, rows, lane-groups): K with and without a whole 1024-value round trip and a tail (896: lanes 16-31 have
+# only the tail), rows from under the lane-groups (no pair) to past twice them (pairs, then a single row)
+ROW_CASES = [(0, 896, 40, 16), (0, 2560, 37, 12), (0, 4864, 9, 4), (0, 1024, 5, 8), (4, 896, 33, 10),
+             (4, 2560, 26, 8), (4, 9728, 7, 3)]
+
+
+@pytest.mark.parametrize("qb,K,n,nw", ROW_CASES)
+def test_row_pairs_sum_as_single_rows(rows, qb, K, n, nw):
+    """mg_wrow_pair gives each row the single-row dot's bits, every lane; mg_rows_add_residual adds every row's dot
+    to the residual once, rounded twice, in pairs or not alike; the dots against float64."""
+    rng = np.random.default_rng()
+    x = bf16_bits(rng.standard_normal(K))
+    if qb:
+        words = rng.integers(0, 2**32, (n, K // 8), dtype=np.uint64)
+        s = bf16_bits(rng.uniform(0.005, 0.02, (n, K // 64)))
+        b = bf16_bits(rng.uniform(-0.08, 0.0, (n, K // 64)))
+        codes = ((words[:, :, None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF).reshape(n, K).astype(np.float64)
+        wv = np.repeat(bits_value(s), 64, 1) * codes + np.repeat(bits_value(b), 64, 1)
+        text = [" ".join(map(str, words.reshape(-1))), " ".join(map(str, s.reshape(-1))),
+                " ".join(map(str, b.reshape(-1)))]
+    else:
+        wb = bf16_bits(rng.standard_normal((n, K)) * 0.05)
+        wv = bits_value(wb).astype(np.float64)
+        words = wb[:, 0::2].astype(np.uint64) | (wb[:, 1::2].astype(np.uint64) << 16)  # value 2i low in word i
+        text = [" ".join(map(str, words.reshape(-1)))]
+    h0 = rng.standard_normal(n).astype(np.float32)
+    text = f"{qb} {K} {n} {nw}\n" + "\n".join(text + [" ".join(map(str, x)), " ".join(repr(float(v)) for v in h0)])
+    r = subprocess.run([str(rows)], input=text + "\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    differ, dots, paired, single = r.stdout.split("\n")[:4]
+    assert int(differ) == 0
+    xv = bits_value(x).astype(np.float64)
+    want = wv @ xv
+    np.testing.assert_allclose(np.array(dots.split(), np.float64), want, rtol=0,
+                               atol=1e-5 * np.abs(wv * xv).sum(1).max())
+    paired = np.array(paired.split(), np.float32)
+    assert np.array_equal(paired, np.array(single.split(), np.float32))
+    # lane 0's part of each row (its 16-byte chunks: values 8 at a time, every 32nd chunk; 4-bit: 32 at a time)
+    per = 32 if qb else 8
+    part = (wv * xv * ((np.arange(K) // per) % 32 == 0)).sum(1)
+    np.testing.assert_allclose(paired, h0 + part, rtol=0, atol=1.6e-2 * (np.abs(h0) + np.abs(part)).max())
+    assert np.all(np.abs(paired - (h0 + part)) <= 1.6e-2 * (np.abs(h0) + np.abs(part)) + 1e-6)
