@@ -61,36 +61,43 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
   return mg_lanes_sum(acc);
 }
 
+// acc plus one lane's dots of up to N 16-byte chunks of two rows, w1 . x1 and w2 . x2 at k + 256 j < k1, in
+// order of j, both rows' chunks loaded before the first multiply (one round trip for the two)
+template <typename T, int N>
+MG_FN mg_f2 mg_chunks_dot2x(const MG_DEVICE T* w1, MG_SHARED_PTR const T* x1, const MG_DEVICE T* w2,
+                            MG_SHARED_PTR const T* x2, uint32_t k, uint32_t k1, mg_f2 acc) {
+  mg_u4 p[N];
+  mg_u4 q[N];
+#pragma unroll
+  for (uint32_t j = 0; j < (uint32_t)N; ++j) {
+    if (k + 256u * j < k1) {
+      p[j] = MG_LOAD_U4_NC(w1 + k + 256u * j);
+      q[j] = MG_LOAD_U4_NC(w2 + k + 256u * j);
+    }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < (uint32_t)N; ++j) {
+    if (k + 256u * j < k1) {
+      acc.x += mg_dot8<T>(p[j], MG_LOAD_SHARED_U4(x1 + k + 256u * j));
+      acc.y += mg_dot8<T>(q[j], MG_LOAD_SHARED_U4(x2 + k + 256u * j));
+    }
+  }
+  return acc;
+}
+
 // Two rows with two vectors at once: (dot(w1, x1), dot(w2, x2)) in every lane, up to four chunks of each
 // row a round trip, all loaded before the first multiply (K <= 1024: the whole task at once). Gate and
 // up share one vector (mg_warp_dot2); an MoE layer's down rows take two experts' activations.
 template <typename T>
 MG_FN mg_f2 mg_warp_dot2x(const MG_DEVICE T* w1, MG_SHARED_PTR const T* x1, const MG_DEVICE T* w2,
                           MG_SHARED_PTR const T* x2, uint32_t K, uint32_t lane) {
-  float a = 0.0f;
-  float b = 0.0f;
-  uint32_t k = lane * 8u;
-  for (; k < K; k += 1024u) {
-    mg_u4 p[4];
-    mg_u4 q[4];
-#pragma unroll
-    for (uint32_t i = 0; i < 4u; ++i) {
-      if (k + 256u * i < K) {
-        p[i] = MG_LOAD_U4_NC(w1 + k + 256u * i);
-        q[i] = MG_LOAD_U4_NC(w2 + k + 256u * i);
-      }
-    }
-#pragma unroll
-    for (uint32_t i = 0; i < 4u; ++i) {
-      if (k + 256u * i < K) {
-        a += mg_dot8<T>(p[i], MG_LOAD_SHARED_U4(x1 + k + 256u * i));
-        b += mg_dot8<T>(q[i], MG_LOAD_SHARED_U4(x2 + k + 256u * i));
-      }
-    }
-  }
+  mg_f2 ab;
+  ab.x = 0.0f;
+  ab.y = 0.0f;
+  for (uint32_t k = lane * 8u; k < K; k += 1024u) ab = mg_chunks_dot2x<T, 4>(w1, x1, w2, x2, k, K, ab);
   mg_f2 r;
-  r.x = mg_lanes_sum(a);
-  r.y = mg_lanes_sum(b);
+  r.x = mg_lanes_sum(ab.x);
+  r.y = mg_lanes_sum(ab.y);
   return r;
 }
 
@@ -126,26 +133,13 @@ MG_FN mg_f2 mg_warp_dot_pair(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SH
     a += mg_dot8<T>(p[0], x0) + mg_dot8<T>(p[1], x1) + mg_dot8<T>(p[2], x2) + mg_dot8<T>(p[3], x3);
     b += mg_dot8<T>(q[0], x0) + mg_dot8<T>(q[1], x1) + mg_dot8<T>(q[2], x2) + mg_dot8<T>(q[3], x3);
   }
-  mg_u4 p[3];
-  mg_u4 q[3];
-#pragma unroll
-  for (uint32_t j = 0; j < 3u; ++j) {
-    if (k + 256u * j < K) {
-      p[j] = MG_LOAD_U4_NC(w1 + k + 256u * j);
-      q[j] = MG_LOAD_U4_NC(w2 + k + 256u * j);
-    }
-  }
-#pragma unroll
-  for (uint32_t j = 0; j < 3u; ++j) {
-    if (k + 256u * j < K) {
-      const mg_u4 xj = MG_LOAD_SHARED_U4(xs + k + 256u * j);
-      a += mg_dot8<T>(p[j], xj);
-      b += mg_dot8<T>(q[j], xj);
-    }
-  }
+  mg_f2 ab;
+  ab.x = a;
+  ab.y = b;
+  ab = mg_chunks_dot2x<T, 3>(w1, xs, w2, xs, k, K, ab);
   mg_f2 r;
-  r.x = mg_lanes_sum(a);
-  r.y = mg_lanes_sum(b);
+  r.x = mg_lanes_sum(ab.x);
+  r.y = mg_lanes_sum(ab.y);
   return r;
 }
 
