@@ -179,6 +179,25 @@ def test_decoder_templates_name_the_model_sizes():
     assert len(S.SPECS["decode_layer_moe_q"].inputs) == len(spec.inputs)
 
 
+def test_launch_scalars_stay_out_of_mlx_small_array_pool():
+    # MLX's CUDA allocator serves arrays of 8 bytes or less from a pool of unified memory that the CPU's
+    # token readback pulls to the host every step; an input every group reads there is read across the bus
+    # (up to 65 us of layer 0's first phase on the H200). The decoders' own per-launch arrays are larger: the
+    # float parameters (eps and the attention scale, then padding), the dependency token and the sync output
+    from types import SimpleNamespace
+
+    from metalgen.decode import gpu
+
+    w = SimpleNamespace(dtype=mx.bfloat16, head_dim=64, hidden=896, inter=4864, heads=14, kv_heads=2, q_dim=896,
+                        qkv_dim=1152, layers=24, qk_norm=False, has_bias=True, eps=1e-6, moe=None, quant=None,
+                        hybrid=None)
+    for cls in (gpu.MegakernelDecoder, gpu.FusedDecoder):
+        dec = cls(w, blocks=8)
+        assert dec.fparams.nbytes > 8 and dec.no_dep.nbytes > 8 and gpu.SYNC_WORDS * 4 > 8
+        assert dec.fparams.tolist()[:2] == pytest.approx([w.eps, w.head_dim**-0.5])
+        assert dec.no_dep.size == gpu.SYNC_WORDS
+
+
 def test_modes_on_cpu(qwen3):
     import kernels_metal
 

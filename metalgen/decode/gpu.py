@@ -56,6 +56,9 @@ THREADS = 256
 # lane-group a round trip).
 MIN_CHUNK = 32
 PARAM_BLOCK = 64  # positions whose parameter rows are made at once
+# the launches' dependency token (`sync`, never read): 4 words, out of MLX's unified-memory pool of small arrays,
+# whose fill launch (the fused path's) would write across the bus
+SYNC_WORDS = 4
 
 
 # Benchmarks set this to sweep the megakernel's grid; None sizes it from the multiprocessors.
@@ -170,10 +173,16 @@ class _GpuDecoder:
         self.hybrid_offset = (self.moe_offset + (m.experts + 1 + 2 * m.top_k if m is not None else 0) + 31) // 32 * 32
         self.scratch_size = self.hybrid_offset + (hy.value_heads * hy.value_dim if hy is not None else 0)
         self.stamp_steps = False
-        self.fparams = mx.array([w.eps, w.head_dim**-0.5], mx.float32)
+        # Arrays the kernels read are kept above 8 bytes: MLX's CUDA allocator puts arrays of 8 bytes or less
+        # in a pool of unified memory that the CPU's token readback also touches every step, so that (as we read
+        # the allocator; the timing is measured) every group's read of them may cross the bus. [eps, scale] padded to 4 floats took 7-20 us (0.5-2.6%) off a
+        # pipelined greedy token (benchmarks/scalar_pool_probe.py, H200, 2026-11-26). The token stays (1,): copied
+        # into device memory by an add, it took layer 0's first phase from 17-65 to 7-17 us in a kernel-only loop,
+        # but behind the sampler the add's own launch cost what it saved.
+        self.fparams = mx.array([w.eps, w.head_dim**-0.5, 0.0, 0.0], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
         self.no_tok = mx.zeros((1,), mx.int32)
-        self.no_dep = mx.zeros((1,), mx.uint32)
+        self.no_dep = mx.zeros((SYNC_WORDS,), mx.uint32)
         mx.eval(self.fparams, self.no_emb, self.no_tok, self.no_dep)
         self._param_cache = {}
 
@@ -242,7 +251,7 @@ class _GpuDecoder:
                     table.cos, table.sin, state.kc, state.vc, state.scratch, params, self.fparams, dep] + moe
             + hybrid + self.quant_inputs,
             template=self.template, grid=(self.blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
-            output_shapes=[(w.hidden,), (1,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
+            output_shapes=[(w.hidden,), (SYNC_WORDS,)], output_dtypes=[w.dtype, mx.uint32], init_value=self.init_value)
 
     def _inputs(self, state, token, embedding):
         w = self.w
