@@ -9,12 +9,12 @@ does nothing but n barriers (each launch evaluated, median of 15), at 132 and 26
   relacq  a release atomic add and an acquire-load spin (no full fences), with the back-off
   relacq0 the same without the back-off
 """
-import os
 
 import mlx.core as mx
+
+from kernels_metal import source as S
 from decode_barrier_probe import launcher, timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VARIANTS = r"""
 __device__ __forceinline__ unsigned int probe_atom_add_release(unsigned int* p, unsigned int v) {
@@ -62,7 +62,7 @@ BODY = r"""
 
 
 def main():
-    header = open(os.path.join(ROOT, "kernels_metal/preludes/cuda.h")).read() + VARIANTS
+    header = S.prelude("cuda.h") + VARIANTS
     k = mx.fast.cuda_kernel(name="mg_barrier_variants", input_names=["buf", "params"], output_names=["out"],
                             source=BODY, header=header)
     for mode, name in enumerate(("fence", "fence0", "relacq", "relacq0")):

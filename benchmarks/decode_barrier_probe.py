@@ -11,14 +11,14 @@
    (the old probe evaluated only its last launch of 20 and divided by 20: it under-reported 20x),
    and with the LM head + argmax + .item() as in generation.
 """
-import os
 import statistics
 import sys
 import time
 
 import mlx.core as mx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kernels_metal import source as S
+
 
 BODY = r"""
   const int n = params[0];
@@ -59,7 +59,7 @@ def launcher(k, buf, nb, mode):
 
 
 def barrier_costs(groups_list):
-    header = open(os.path.join(ROOT, "kernels_metal/preludes/cuda.h")).read()
+    header = S.prelude("cuda.h")
     k = mx.fast.cuda_kernel(name="mg_barrier_probe", input_names=["buf", "params"], output_names=["cnt"],
                             source=BODY, header=header)
     buf = mx.zeros((1 << 18,), mx.uint32)

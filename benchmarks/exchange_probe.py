@@ -19,12 +19,12 @@ without rows would.
 from __future__ import annotations
 
 import argparse
-import os
 
 import mlx.core as mx
+
+from kernels_metal import source as S
 from decode_barrier_probe import timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HELPERS = r"""
 __device__ __forceinline__ unsigned int probe_ld_relaxed(const unsigned int* p) {
@@ -112,7 +112,7 @@ def main():
     ap.add_argument("--load", default="0,8")
     ap.add_argument("--rounds", type=int, default=2000)
     a = ap.parse_args()
-    header = open(os.path.join(ROOT, "kernels_metal/preludes/cuda.h")).read() + HELPERS
+    header = S.prelude("cuda.h") + HELPERS
     k = mx.fast.cuda_kernel(name="mg_exchange_probe", input_names=["buf", "wts", "params"], output_names=["out"],
                             source=BODY, header=header)
     buf = mx.zeros((1 << 16,), mx.uint32)

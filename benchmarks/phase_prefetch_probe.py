@@ -13,12 +13,12 @@ time is (t_n - t_1) / (n - 1), each launch evaluated, median of 15. Modes, befor
     PYTHONPATH=. python3 benchmarks/phase_prefetch_probe.py [--mb 8] [--k 1024] [--groups 264]
 """
 import argparse
-import os
 
 import mlx.core as mx
+
+from kernels_metal import source as S
 from decode_barrier_probe import timed  # this folder (the scripts run as `python3 benchmarks/...`)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BODY = r"""
   const int n = params[0];
@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--groups", type=int, default=264)
     ap.add_argument("--phases", type=int, default=400)
     args = ap.parse_args()
-    header = open(os.path.join(ROOT, "kernels_metal/preludes/cuda.h")).read()
+    header = S.prelude("cuda.h")
     k = mx.fast.cuda_kernel(name="mg_phase_prefetch_probe", input_names=["w", "barw", "params"],
                             output_names=["out"], source=BODY, header=header)
     rows = int(args.mb * 1e6 / (2 * args.k))

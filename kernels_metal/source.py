@@ -36,6 +36,12 @@ def _read(rel: str) -> str:
     return "\n".join(line for line in text.splitlines() if line.strip() != "#pragma once") + "\n"
 
 
+def prelude(name: str) -> str:
+    """The text of `kernels_metal/preludes/<name>` (e.g. "cuda.h") as the generated kernels paste it: for
+    probes that build their own kernels on the same vocabulary (benchmarks/*_probe.py)."""
+    return _read(os.path.join("preludes", name))
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One kernel variant: its body, the names MLX puts in the signature, its #defines, and the

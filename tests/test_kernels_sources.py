@@ -47,6 +47,16 @@ def test_no_cross_backend_identifiers(name):
         assert not re.search(pat, cuda), f"{pat} in the CUDA text of {name}"
 
 
+def test_prelude_is_the_text_the_kernels_paste():
+    # the probes' header (benchmarks/*_probe.py): the CUDA prelude as the generated kernels carry it, without
+    # its "#pragma once", and a prelude that does not exist is an error, not an empty header
+    text = S.prelude("cuda.h")
+    assert "mg_grid_barrier" in text and "#pragma once" not in text
+    assert text in S.header(S.CUDA_ONLY_SPECS["decode_megakernel"], "cuda")
+    with pytest.raises(FileNotFoundError):
+        S.prelude("no_such.h")
+
+
 def test_bodies_use_only_the_shared_vocabulary():
     folder = os.path.join(os.path.dirname(S.__file__), "bodies")
     for f in os.listdir(folder):
