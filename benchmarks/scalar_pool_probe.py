@@ -63,7 +63,8 @@ def main():
                 mx.synchronize()
                 times, marks = dec.step_times(state), dec.step_marks(state)
                 print(f"  {label:<14} run {rnd}: full greedy {us:7.1f}   kernel only {ku:7.1f}   layer 0 phase 0 "
-                      f"{times[0]:5.1f} us (input ready {marks[0, 0]:5.1f}), later phase 0s {times[5:-1:5].mean():5.2f}")
+                      f"{times[0]:5.1f} us (input ready {marks[0, 0]:5.1f}), later phase 0s "
+                      f"{times[5:-1:5].mean():5.2f}")
 
 
 if __name__ == "__main__":

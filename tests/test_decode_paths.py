@@ -181,9 +181,10 @@ def test_decoder_templates_name_the_model_sizes():
 
 def test_launch_scalars_stay_out_of_mlx_small_array_pool():
     # MLX's CUDA allocator serves arrays of 8 bytes or less from a pool of unified memory that the CPU's
-    # token readback pulls to the host every step; an input every group reads there is read across the bus
-    # (up to 65 us of layer 0's first phase on the H200). The decoders' own per-launch arrays are larger: the
-    # float parameters (eps and the attention scale, then padding), the dependency token and the sync output
+    # token readback touches every step; an input every group reads there cost up to 65 us of layer 0's first
+    # phase on the H200 (docs/decode.md, "Small arrays in unified memory"). The decoders' own per-launch arrays
+    # are larger: the float parameters (eps and the attention scale, then padding), the dependency token and the
+    # sync output
     from types import SimpleNamespace
 
     from metalgen.decode import gpu

@@ -175,10 +175,11 @@ class _GpuDecoder:
         self.stamp_steps = False
         # Arrays the kernels read are kept above 8 bytes: MLX's CUDA allocator puts arrays of 8 bytes or less
         # in a pool of unified memory that the CPU's token readback also touches every step, so that (as we read
-        # the allocator; the timing is measured) every group's read of them may cross the bus. [eps, scale] padded to 4 floats took 7-20 us (0.5-2.6%) off a
-        # pipelined greedy token (benchmarks/scalar_pool_probe.py, H200, 2026-11-26). The token stays (1,): copied
-        # into device memory by an add, it took layer 0's first phase from 17-65 to 7-17 us in a kernel-only loop,
-        # but behind the sampler the add's own launch cost what it saved.
+        # the allocator; the timing is measured) every group's read of them may cross the bus. [eps, scale]
+        # padded to 4 floats took 7-20 us (0.5-2.6%) off a pipelined greedy token (benchmarks/scalar_pool_probe.py,
+        # H200, 2026-11-26). The token stays (1,): copied into device memory by an add, it took layer 0's first
+        # phase from 17-65 to 7-17 us in a kernel-only loop, but behind the sampler the add's own launch cost
+        # what it saved.
         self.fparams = mx.array([w.eps, w.head_dim**-0.5, 0.0, 0.0], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
         self.no_tok = mx.zeros((1,), mx.int32)
