@@ -278,8 +278,8 @@ def magpie_lt_draws(h, weights, bad, cfg_scale, temperature, top_k, state, scrat
     """Magpie's local-transformer draw chain of one decoder step (docs/kernels.md): h (R, d) the decoder
     states (R = 1, or 2 for CFG: row 0 conditional, row 1 unconditional), weights a `MagpieLTWeights`, bad
     (V,) float32 additive mask (0 or -inf), cfg_scale (used when R = 2), temperature (<= 0: argmax), top_k
-    (<= 0: all), state the sampler's [seed, counter] (make_sample_state) -> (codes (n,) int32, next_state
-    [seed, counter + n]). Draw j samples as `sample` does at counter + j. On a GPU one fused kernel (one
+    (<= 0: all), state the sampler's [seed, counter, padding] (make_sample_state) -> (codes (n,) int32, next_state
+    [seed, counter + n, padding as given]). Draw j samples as `sample` does at counter + j. On a GPU one fused kernel (one
     launch on CUDA, one launch per step on Metal) working in `scratch` (make_magpie_lt_scratch; made per
     call without it): calls that share one must be chained through the state. On the CPU the reference."""
     return _impl().magpie_lt_draws(h, weights, bad, float(cfg_scale), float(temperature), int(top_k), state,

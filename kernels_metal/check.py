@@ -270,7 +270,7 @@ def c_sample(B, V, temp, top_k, top_p, min_p, penalty=1.0, seeds=8):
     recent = mx.array(RNG.integers(0, V, (B, 20)), dtype=mx.int32)
     for sd in range(seeds):
         logits = rnd((B, V), mx.bfloat16, 3.0)
-        st = K.make_sample_state(1234 + sd) + mx.array([0, sd * 17], dtype=mx.uint32)
+        st = K.make_sample_state(1234 + sd) + mx.array([0, sd * 17, 0, 0], dtype=mx.uint32)
         tok, lp, ns = gpu.sample(logits, temp, top_k, top_p, min_p, st, recent, penalty, scratch)
         rt, rl, rns = ref.sample(logits, temp, top_k, top_p, min_p, st, recent, penalty)
         agree += int(mx.sum(tok == rt).item())

@@ -168,7 +168,8 @@ _GPU_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
 @functools.lru_cache(maxsize=8192)
 def _i32(*v):
-    # small parameter arrays are cached: the shapes of a model's layers repeat every step
+    # small parameter arrays are cached: the shapes of a model's layers repeat every step. Not padded past 8 bytes
+    # (docs/decode.md, "Small arrays in unified memory": the plain path measured no faster padded, H200 2026-11-27)
     return mx.array(list(v), dtype=mx.int32)
 
 
@@ -521,7 +522,8 @@ def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, sc
     if scratch is None or scratch[0].shape[0] < B or scratch[0].shape[1] != V:
         scratch = make_sample_scratch(B, V)  # (a larger one serves too: a launch uses its first B rows)
     nb = sample_groups(B, V)
-    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row))
+    # the state's words (per_row 0): those past [seed, counter] are carried through (reference.SAMPLE_STATE_WORDS)
+    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), 3 if per_row else int(state.size))
     state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     tok, lp, ns = _run("sample", (logits.dtype,), fb,
                        inputs=[logits, _rparams(rows), ip, state, recent, scratch[0], scratch[1]],
@@ -1066,10 +1068,10 @@ def magpie_lt_draws(h, w, bad, cfg_scale, temperature, top_k, state, scratch=Non
         codes = None
         for s0, s1 in spans:
             # each launch takes the previous one's state: the data edge that orders them on the scratch
-            codes, cur = k(inputs=fixed + [_i32(R, int(has_in), s0, s1, int(top_k), ng), cur, scratch[0],
-                                           scratch[1]],
+            codes, cur = k(inputs=fixed + [_i32(R, int(has_in), s0, s1, int(top_k), ng, int(cur.size)), cur,
+                                           scratch[0], scratch[1]],
                              template=tmpl, grid=(ng * MAGPIE_LT_THREADS, 1, 1), threadgroup=(MAGPIE_LT_THREADS, 1, 1),
-                             output_shapes=[(n,), (2,)], output_dtypes=[mx.int32, mx.uint32])
+                             output_shapes=[(n,), cur.shape], output_dtypes=[mx.int32, mx.uint32])
         if st is None:
             mx.eval(codes, cur)
             _STATUS[tkey] = True

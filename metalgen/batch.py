@@ -616,7 +616,7 @@ class BatchGenerator:
         for r in new:
             s = r.sampler or self._greedy
             stream = s.next_stream()
-            parts.append(mx.concatenate([s.state.astype(mx.uint32), mx.array([stream], mx.uint32)])[None])
+            parts.append(mx.concatenate([s.state[:2].astype(mx.uint32), mx.array([stream], mx.uint32)])[None])
         states = mx.concatenate(parts) if len(parts) > 1 else parts[0]
         placed = [r.uid for r in kept + new]
         if placed != list(uids):  # back into the rows' order

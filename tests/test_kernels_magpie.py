@@ -164,11 +164,12 @@ def test_gpu_kernel_equals_the_reference(dtype):
     seen = set()
     for i, (rows, temperature) in enumerate([(2, 0.0), (1, 0.0), (2, 0.7), (1, 0.7)] * 3):
         h = mx.array(rng.standard_normal((rows, d)).astype(np.float32)).astype(dtype)
-        st = K.make_sample_state(100 + i)
+        # the state's padding words nonzero: the kernel carries them through as given
+        st = K.make_sample_state(100 + i) + mx.array([0, 0, i, 7], mx.uint32)
         got, got_state = K.magpie_lt_draws(h, w, bad, 2.5, temperature, 80, st, packed.scratch)
         want, _ = ref.magpie_lt_draws(h, w, bad, 2.5, temperature, 80, st)
         got = np.array(got)
-        assert np.array(got_state).tolist() == [100 + i, packed.n]
+        assert np.array(got_state).tolist() == [100 + i, packed.n, i, 7]
         assert not np.isinf(np.array(bad)[got]).any()
         same += int(np.array_equal(got, np.array(want)))
         total += 1

@@ -221,7 +221,8 @@ def test_linear_and_quantized(bits, gs):
 
 def test_state_and_uniforms():
     st = ref.make_sample_state(123)
-    assert st.dtype == mx.uint32 and st.tolist() == [123, 0]
+    # [seed, counter] and two words of padding (16 bytes: out of MLX's CUDA pool of small arrays)
+    assert st.dtype == mx.uint32 and st.tolist() == [123, 0, 0, 0]
     u = ref.hash_uniform(st, 3, 5000)
     un = np.array(u)
     assert un.min() > 0 and un.max() < 1 and abs(un.mean() - 0.5) < 0.02
@@ -230,7 +231,10 @@ def test_state_and_uniforms():
     assert not np.array_equal(un[0], un[1])
     logits = mx.array(RNG.standard_normal((2, 50))).astype(mx.bfloat16)
     tok, lp, ns = ref.sample(logits, 0.0, 0, 1.0, 0.0, st)
-    assert ns.tolist() == [123, 1] and tok.dtype == mx.int32 and lp.dtype == mx.float32
+    assert ns.tolist() == [123, 1, 0, 0] and tok.dtype == mx.int32 and lp.dtype == mx.float32
+    # a state of 2 words (as made before the padding) still advances its counter, and the padding rides along
+    assert ref.advance_state(mx.array([5, 9], mx.uint32)).tolist() == [5, 10]
+    assert ref.advance_state(mx.array([5, 9, 7, 3], mx.uint32)).tolist() == [5, 10, 7, 3]
     ln = f64(logits)
     assert np.array_equal(np.array(tok), ln.argmax(-1))
     lse = np.log(np.exp(ln - ln.max(-1, keepdims=True)).sum(-1)) + ln.max(-1)
