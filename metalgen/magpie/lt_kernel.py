@@ -107,8 +107,8 @@ def draw_codes(packed: PackedLT, h: mx.array, bad: mx.array, sampling, state: mx
                cfg: Optional[bool] = None) -> Tuple[mx.array, mx.array]:
     """The step's n draws: h (rows, d) decoder states (rows 2 with CFG: conditional, unconditional), bad
     (V,) additive mask, `sampling` a MagpieSampling (temperature <= 0: argmax; top_k; cfg_scale), state the
-    sampler's [seed, counter] -> (codes (n,) int32 in draw order j = frame * C + codebook, next_state
-    [seed, counter + n]). `cfg` defaults to rows == 2."""
+    sampler's [seed, counter, padding] -> (codes (n,) int32 in draw order j = frame * C + codebook, next_state
+    [seed, counter + n, padding]). `cfg` defaults to rows == 2."""
     rows = h.shape[0]
     use_cfg = rows > 1 if cfg is None else bool(cfg)
     if use_cfg and rows != 2:
