@@ -9,8 +9,8 @@ or copied into a (4,) int32 array by an add, alternately, each twice; and the ke
 phase 0 in each. With --sampler instead: the loop as generate_step runs it (the token history grown by a
 concatenation, the repetition penalty folded into the sampler's launch), greedy and sampled, with the sampler's
 state of 2 words ([seed, counter], 8 bytes) or as made (4 words; the kernel reads the first two). With --plain:
-generate_step on the plain path, the kernels' parameter arrays (kernels_metal.gpu's _i32, _f32) as given or padded
-to 16 bytes as they are made.
+generate_step on the plain path, the kernels' parameter arrays (kernels_metal.gpu's _i32, _f32) as made or padded
+to 16 bytes (the 2026-11-27 run compared them the other way round, the padding then in gpu.py; the same two arrays).
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ def sampler_loop(model, n, prompt, settings, penalty, pad_state):
 
 def plain_loop(model, n, prompt, padded):
     """us a token of generate_step on the plain path (the model's own layers and kernels), with the kernels'
-    parameter arrays padded to 16 bytes (as kernels_metal.gpu makes them) or as given."""
+    parameter arrays as kernels_metal.gpu makes them or padded to 16 bytes (4 values, the kernels reading the first)."""
     import functools
 
     from kernels_metal import gpu as G
     from metalgen.generate import generate_step
 
     kept = G._i32, G._f32
-    if not padded:
-        G._i32 = functools.lru_cache(maxsize=8192)(lambda *v: mx.array(list(v), dtype=mx.int32))
-        G._f32 = functools.lru_cache(maxsize=1024)(lambda *v: mx.array(list(v), dtype=mx.float32))
+    if padded:
+        G._i32 = functools.lru_cache(maxsize=8192)(lambda *v: mx.array(list(v) + [0] * (4 - len(v)), dtype=mx.int32))
+        G._f32 = functools.lru_cache(maxsize=1024)(lambda *v: mx.array(list(v) + [0.0] * (4 - len(v)), mx.float32))
     try:
         ids = mx.array([(7919 * (i + 1)) % 151000 for i in range(prompt)], mx.int32)
         gen = generate_step(ids, model, max_tokens=n + 1, decode="plain")

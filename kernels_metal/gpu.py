@@ -522,8 +522,8 @@ def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, sc
     if scratch is None or scratch[0].shape[0] < B or scratch[0].shape[1] != V:
         scratch = make_sample_scratch(B, V)  # (a larger one serves too: a launch uses its first B rows)
     nb = sample_groups(B, V)
-    # the state's words (per_row 0): those past [seed, counter] are carried through (reference.SAMPLE_STATE_WORDS)
-    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), 3 if per_row else int(state.size))
+    # the state's words a row (per_row 0: those past [seed, counter] are carried through, reference.SAMPLE_STATE_WORDS)
+    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), int(state.shape[-1]))
     state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     tok, lp, ns = _run("sample", (logits.dtype,), fb,
                        inputs=[logits, _rparams(rows), ip, state, recent, scratch[0], scratch[1]],
