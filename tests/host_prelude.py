@@ -41,6 +41,9 @@ MG_FN float mg_exp(float x) { return std::exp(x); }
 static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 MG_FN float mg_as_float(uint32_t u) { return bits_float(u); }
 MG_FN float mg_lanes_sum(float v) { return v; }
+MG_FN float mg_lanes_xor(float v, uint32_t) { return v; }
+MG_FN mg_u4 mg_u4_zero() { return {0u, 0u, 0u, 0u}; }
+MG_FN uint32_t mg_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 template <typename T> MG_FN mg_f2 mg_unpack2(uint32_t u);
 template <> MG_FN mg_f2 mg_unpack2<bf16>(uint32_t u) { return {bits_float(u << 16), bits_float(u & 0xFFFF0000u)}; }
 template <typename T> MG_FN float mg_to_float(T x);

@@ -5,8 +5,9 @@ disjoint), the RMSNorm's block sum done by the driver. Every element must be wri
 kernel's old value-at-a-time loop rounded it, at the hidden and intermediate sizes of the dense shapes (896 to
 18944: not all multiples of a pass's 4096 or 2048 values).
 
-The attention splits' merge (mg_merge_splits): every value of a head from its splits' partials, against
-float64, at split counts below, at and past its batch of 8.
+The attention splits' merge (mg_merge_splits): every value of a head from its splits' partials, each quad's four
+lanes' shares folded as the device folds them after its lanes swap them, against float64, at split counts within,
+at and past a lane's round trip.
 
 A lane-group's rows two at a time (mg_wrow_pair, mg_rows_add_residual: o_proj and down into the residual): the
 bits of the single-row dot in every lane, bf16 and 4-bit, and every row added once, in pairs or not alike."""
@@ -101,21 +102,38 @@ def test_a_value_left_out_is_caught(staging):
 
 
 MERGE_DRIVER = r"""
-int main() {
-  int ns, pad;
-  if (scanf("%d %d", &ns, &pad) != 2) return 2;
-  // the splits' partials [ns + pad][130]; the pad splits' max is 1e4 (past any split's: a read of one past
-  // ns in either pass makes the result inf or NaN)
-  std::vector<float> pp((size_t)(ns + pad) * 130);
-  for (size_t i = 0; i < pp.size(); ++i) {
-    if (i < (size_t)ns * 130) {
-      if (scanf("%f", &pp[i]) != 1) return 2;
-    } else {
-      pp[i] = i % 130 == 128 ? 1e4f : 1.0f;
+template <int J>
+void run(const std::vector<float>& pp, int ns) {
+  // each quad's 4 lanes' shares, then each lane's fold of them in lane order, as mg_merge_splits does on the
+  // device once the lanes have swapped their shares
+  for (int c = 0; c < 128; c += 4) {
+    mg_mshare sh[4];
+    for (int q = 0; q < 4; ++q) sh[q] = mg_merge_share<128, J>(pp.data(), ns, c + q);
+    for (int q = 0; q < 4; ++q) {
+      printf("%.9g ", mg_merge_fold(sh[0].m, sh[1].m, sh[2].m, sh[3].m, sh[0].n[q], sh[1].n[q], sh[2].n[q], sh[3].n[q],
+                                    sh[0].l, sh[1].l, sh[2].l, sh[3].l));
     }
   }
-  for (int d = 0; d < 128; ++d) printf("%.9g ", mg_merge_splits<128>(pp.data(), ns, d));
   printf("\n");
+}
+
+int main() {
+  int ns, pad, j;
+  if (scanf("%d %d %d", &ns, &pad, &j) != 3) return 2;
+  // the splits' partials [ns + pad][MG_PS(128)]; the pad splits' max is 1e4 (past any split's: a read of one
+  // past ns makes the result inf or NaN)
+  const int ps = MG_PS(128);
+  std::vector<float> pp((size_t)(ns + pad) * ps);
+  for (size_t i = 0; i < pp.size(); ++i) {
+    if (i < (size_t)ns * ps) {
+      if (scanf("%f", &pp[i]) != 1) return 2;
+    } else {
+      pp[i] = i % ps == 128 ? 1e4f : 1.0f;
+    }
+  }
+  if (j == 4) run<4>(pp, ns);
+  else if (j == 5) run<5>(pp, ns);
+  else return 3;
   return 0;
 }
 """
@@ -126,22 +144,28 @@ def merging(tmp_path_factory):
     return compile_with(tmp_path_factory.mktemp("merge"), "merge", ["qdot.h", "decode.h"], MERGE_DRIVER)
 
 
-def merge(exe, parts, pad=3):
+def merge(exe, parts, pad=3, j=5):
+    """parts (ns, 130): a split's 128 values, its max, its sum; laid out as the kernels do (MG_PS: 2 words of
+    padding a split, which hold garbage here: the merge must not read them)."""
     ns = parts.shape[0]
-    text = f"{ns} {pad}\n" + " ".join(repr(float(v)) for v in parts.reshape(-1)) + "\n"
+    rows = np.concatenate([parts, np.full((ns, 2), 7e30, np.float32)], 1)
+    text = f"{ns} {pad} {j}\n" + " ".join(repr(float(v)) for v in rows.reshape(-1)) + "\n"
     r = subprocess.run([str(exe)], input=text, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return np.array(r.stdout.split(), np.float64)
 
 
-@pytest.mark.parametrize("ns", [1, 5, 8, 9, 33])
-def test_merge_splits_matches_float64(merging, ns):
+# split counts within a lane's first round trip of J (4 J splits a trip), at it and past it, up to 33 (the most on
+# 132 multiprocessors); J as the kernels take it (4 in the hybrid megakernels, 5 in the others)
+@pytest.mark.parametrize("ns", [1, 3, 5, 8, 9, 16, 20, 21, 33])
+@pytest.mark.parametrize("j", [4, 5])
+def test_merge_splits_matches_float64(merging, ns, j):
     rng = np.random.default_rng()
     D = 128
     parts = np.zeros((ns, D + 2), np.float32)
     m = rng.uniform(-4, 12, ns).astype(np.float32)
-    if ns > 8:
-        m[-1] = 15.0  # the largest max in the last batch: the sums so far are rescaled
+    if ns > 4 * j:
+        m[-1] = 15.0  # the largest max in a lane's second trip: its sums so far are rescaled
     if ns > 1:
         m[rng.integers(ns - 1)] = -np.inf  # a split with no positions: no max, no sum, no values
     parts[:, D] = m
@@ -150,17 +174,18 @@ def test_merge_splits_matches_float64(merging, ns):
     parts[live, :D] = rng.standard_normal((live.sum(), D)) * parts[live, D + 1:D + 2]
     f = np.where(live, np.exp(m.astype(np.float64) - m[live].max()), 0.0)
     want = (f[:, None] * parts[:, :D].astype(np.float64)).sum(0) / (f * parts[:, D + 1]).sum()
-    got = merge(merging, parts)
+    got = merge(merging, parts, j=j)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6 * np.abs(want).max())
 
 
-def test_merge_splits_reads_no_split_past_the_count(merging):
+@pytest.mark.parametrize("j", [4, 5])
+def test_merge_splits_reads_no_split_past_the_count(merging, j):
     # the same partials merged with outsized splits after them and without: the same bits
     rng = np.random.default_rng()
     parts = np.concatenate([rng.standard_normal((9, 128)), rng.uniform(0, 3, (9, 1)), rng.uniform(1, 9, (9, 1))], 1)
     parts = parts.astype(np.float32)
-    got = merge(merging, parts, pad=7)
-    assert np.all(np.isfinite(got)) and np.array_equal(got, merge(merging, parts, pad=0))
+    got = merge(merging, parts, pad=7, j=j)
+    assert np.all(np.isfinite(got)) and np.array_equal(got, merge(merging, parts, pad=0, j=j))
 
 
 ROWS_DRIVER = r"""

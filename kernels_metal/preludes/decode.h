@@ -415,43 +415,121 @@ MG_FN mg_u4 mg_shared_words4(MG_SHARED_PTR const uint32_t* w) {
 }
 
 // --- the attention splits' merge ----------------------------------------------------------------------
-// One value d of a head's attention output from its ns splits' partials, pp: [split][D + 2] (the split's
-// D unnormalised values, then its running max m and its sum l): sum_s e^(m_s - M) a_s[d] over
-// sum_s e^(m_s - M) l_s, M the largest m_s, summed in the order of the splits (the megakernel's merge and
-// the fused path's give the same bits). A split whose m is -inf adds nothing. Each pass loads 8 splits
-// before the first is used: one split a round trip (through L2, twice a split) made the merge grow with
-// the context (33 splits a head from 1056 positions on, at 264 groups of 8 items a split).
-template <int D>
-MG_FN float mg_merge_splits(const MG_DEVICE float* pp, int ns, int d) {
-  float M = -mg_inf();
-  for (int s0 = 0; s0 < ns; s0 += 8) {
-    float mb[8];
-    for (int j = 0; j < 8; ++j) mb[j] = s0 + j < ns ? MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D) : -mg_inf();
-    for (int j = 0; j < 8; ++j) M = mg_fmax(M, mb[j]);
-  }
-  float num = 0.0f;
-  float den = 0.0f;
-  for (int s0 = 0; s0 < ns; s0 += 8) {
-    float mb[8];
-    float lb[8];
-    float ab[8];
-    for (int j = 0; j < 8; ++j) {
-      mb[j] = -mg_inf();
-      lb[j] = 0.0f;
-      ab[j] = 0.0f;
-      if (s0 + j < ns) {
-        mb[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D);
-        lb[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + D + 1);
-        ab[j] = MG_LOAD_CG(pp + (s0 + j) * (D + 2) + d);
+// A split's partials, pp: [split][MG_PS(D)], the split's D unnormalised values, its running max m, its sum l and
+// two words of padding, so that a split's row starts on 16 bytes and the merge reads 4 values in one load.
+#define MG_PS(D) ((D) + 4)
+
+// One lane's share of a quad's merge (the 4 values from d - d % 4): the splits s = q, q + 4, q + 8, ...
+// (q = d % 4), J of them a round trip, every load of a trip issued before the first is used, the trips
+// joined online (a trip that raises the max rescales the sums). m is the largest of the lane's splits'
+// maxes, n[k] the sum of e^(m_s - m) a_s[k] and l of e^(m_s - m) l_s over them, in split order. A split
+// whose m is -inf adds nothing. The merge read one value a thread, 8 splits a round trip, in two passes (the
+// max, then the sums): 10 round trips through L2 at 33 splits, what the last split of a head waited for
+// after its own positions. H100, 2026-11-27, qwen3-0.6b at 16384 positions: the attention phase 33.5 us a
+// layer against 35.8, the kernel 1659.6 us a token against 1737.9 (benchmarks/results/merge_quads_h100_2026-11-27/).
+struct mg_mshare {
+  float m;
+  float n[4];
+  float l;
+};
+
+template <int D, int J>
+MG_FN mg_mshare mg_merge_share(const MG_DEVICE float* pp, int ns, int d) {
+  const int q = d & 3;
+  const int c = d - q;
+  mg_mshare r;
+  r.m = -mg_inf();
+  r.l = 0.0f;
+  for (int k = 0; k < 4; ++k) r.n[k] = 0.0f;
+  for (int s0 = q; s0 < ns; s0 += 4 * J) {
+    mg_u4 a[J];
+    mg_u4 ml[J];
+    for (int j = 0; j < J; ++j) {
+      const int s = s0 + 4 * j;
+      if (s < ns) {
+        a[j] = MG_LOAD_CG_U4(pp + (size_t)s * MG_PS(D) + c);
+        ml[j] = MG_LOAD_CG_U4(pp + (size_t)s * MG_PS(D) + D);
+      } else {
+        a[j] = mg_u4_zero();
+        ml[j] = mg_u4_zero();
+        ml[j].x = mg_as_uint(-mg_inf());
       }
     }
-    for (int j = 0; j < 8; ++j) {
-      const float f = mb[j] > -mg_inf() ? mg_exp(mb[j] - M) : 0.0f;
-      num += f * ab[j];
-      den += f * lb[j];
+    float mb = r.m;
+    for (int j = 0; j < J; ++j) mb = mg_fmax(mb, mg_as_float(ml[j].x));
+    if (mb > -mg_inf()) {
+      const float cr = r.m > -mg_inf() ? mg_exp(r.m - mb) : 0.0f;
+      for (int k = 0; k < 4; ++k) r.n[k] *= cr;
+      r.l *= cr;
+      for (int j = 0; j < J; ++j) {
+        const float mj = mg_as_float(ml[j].x);
+        const float f = mj > -mg_inf() ? mg_exp(mj - mb) : 0.0f;
+        r.n[0] += f * mg_as_float(a[j].x);
+        r.n[1] += f * mg_as_float(a[j].y);
+        r.n[2] += f * mg_as_float(a[j].z);
+        r.n[3] += f * mg_as_float(a[j].w);
+        r.l += f * mg_as_float(ml[j].y);
+      }
+      r.m = mb;
     }
   }
+  return r;
+}
+
+// A value from its quad's 4 shares, in lane order (m_r, n_r, l_r: lane r's max, its sum for this value, its
+// sum of l): M the largest m_r, then sum_r e^(m_r - M) n_r over sum_r e^(m_r - M) l_r, each sum in lane order.
+// Every lane of the quad folds the same shares in the same order, so the 4 give the same bits, as does any
+// other kernel that merges through mg_merge_splits.
+MG_FN float mg_merge_fold(float m0, float m1, float m2, float m3, float n0, float n1, float n2, float n3, float l0,
+                          float l1, float l2, float l3) {
+  const float M = mg_fmax(mg_fmax(m0, m1), mg_fmax(m2, m3));
+  const float f0 = m0 > -mg_inf() ? mg_exp(m0 - M) : 0.0f;
+  const float f1 = m1 > -mg_inf() ? mg_exp(m1 - M) : 0.0f;
+  const float f2 = m2 > -mg_inf() ? mg_exp(m2 - M) : 0.0f;
+  const float f3 = m3 > -mg_inf() ? mg_exp(m3 - M) : 0.0f;
+  float num = f0 * n0;
+  num += f1 * n1;
+  num += f2 * n2;
+  num += f3 * n3;
+  float den = f0 * l0;
+  den += f1 * l1;
+  den += f2 * l2;
+  den += f3 * l3;
   return num / den;
+}
+
+MG_FN float mg_pick4(float v0, float v1, float v2, float v3, int k) {
+  return k == 0 ? v0 : (k == 1 ? v1 : (k == 2 ? v2 : v3));
+}
+
+// Value d of a head's attention output from its ns splits' partials. The 4 lanes d - d % 4 .. d - d % 4 + 3
+// of a quad (lane % 4 == d % 4) must call it together: each reads a quarter of the splits (mg_merge_share,
+// J splits a round trip: one trip up to 4 J splits), then they swap shares (lane r ^ x gives lane r its sum
+// for r's value) and fold them (mg_merge_fold).
+template <int D, int J>
+MG_FN float mg_merge_splits(const MG_DEVICE float* pp, int ns, int d) {
+  const mg_mshare s = mg_merge_share<D, J>(pp, ns, d);
+  const int q = d & 3;
+  // from the lane q ^ x: its max, its sum of l, and its sum for value q (given as the lane's own q ^ x)
+  const float m1 = mg_lanes_xor(s.m, 1u);
+  const float m2 = mg_lanes_xor(s.m, 2u);
+  const float m3 = mg_lanes_xor(s.m, 3u);
+  const float l1 = mg_lanes_xor(s.l, 1u);
+  const float l2 = mg_lanes_xor(s.l, 2u);
+  const float l3 = mg_lanes_xor(s.l, 3u);
+  const float n0 = mg_pick4(s.n[0], s.n[1], s.n[2], s.n[3], q);
+  const float n1 = mg_lanes_xor(mg_pick4(s.n[0], s.n[1], s.n[2], s.n[3], q ^ 1), 1u);
+  const float n2 = mg_lanes_xor(mg_pick4(s.n[0], s.n[1], s.n[2], s.n[3], q ^ 2), 2u);
+  const float n3 = mg_lanes_xor(mg_pick4(s.n[0], s.n[1], s.n[2], s.n[3], q ^ 3), 3u);
+  // lane r of the quad is x = q ^ r away
+  const int x0 = q;
+  const int x1 = q ^ 1;
+  const int x2 = q ^ 2;
+  const int x3 = q ^ 3;
+  return mg_merge_fold(mg_pick4(s.m, m1, m2, m3, x0), mg_pick4(s.m, m1, m2, m3, x1), mg_pick4(s.m, m1, m2, m3, x2),
+                       mg_pick4(s.m, m1, m2, m3, x3), mg_pick4(n0, n1, n2, n3, x0), mg_pick4(n0, n1, n2, n3, x1),
+                       mg_pick4(n0, n1, n2, n3, x2), mg_pick4(n0, n1, n2, n3, x3), mg_pick4(s.l, l1, l2, l3, x0),
+                       mg_pick4(s.l, l1, l2, l3, x1), mg_pick4(s.l, l1, l2, l3, x2), mg_pick4(s.l, l1, l2, l3, x3));
 }
 
 // Split-K matrix-vector product: acc[row] += W[row, :] . xs for rows [0, N), K a multiple of 8,

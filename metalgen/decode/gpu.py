@@ -153,7 +153,8 @@ class _GpuDecoder:
             self.quant_inputs = [a for name in names for a in q.params[name]]
         else:
             self.quant_inputs = []
-        work = w.hidden + qkv_buf + act + w.heads * self.max_splits * (w.head_dim + 2)
+        # the attention splits' partials start on 16 bytes, head_dim + 4 floats a split (decode_layer.body's part)
+        work = -(-(w.hidden + qkv_buf + act) // 4) * 4 + w.heads * self.max_splits * (w.head_dim + 4)
         # version 2's [h1, accA, accB] (hidden floats each; zero at start, the kernel keeps the sums
         # zeroed between their uses); allocated for both versions
         self.v2_offset = (work + 31) // 32 * 32
