@@ -538,6 +538,35 @@ def test_auto_takes_the_megakernel_by_rule(shape, monkeypatch, capsys):
     assert P.decoder_for(model, "auto") is None and built == ["megakernel"]
 
 
+def test_stacked_cache_copies_into_one_array():
+    # the per-layer caches' positions land in one (layers, kv heads, capacity, head_dim) array, the rest zero,
+    # and the copy holds no second copy of the cache on the way: a stack and a concatenation peaked at about
+    # three times the output (6.91 GB against 4.47 at 16384 positions on qwen3-0.6b)
+    from metalgen.cache import KVCache
+    from metalgen.decode.stacked import stack_weights, stacked_cache
+
+    model = load("dummy:tiny-qwen3")[0]
+    w = stack_weights(model)
+    length, capacity = 1500, 2048
+    rng = [mx.random.normal((2, 1, w.kv_heads, length, w.head_dim)).astype(w.dtype) for _ in range(w.kv_layers)]
+    cache = [KVCache() for _ in range(w.kv_layers)]
+    for c, (k, v) in zip(cache, rng):
+        c.update(k, v)
+    mx.eval([(c.keys, c.values) for c in cache])
+    small = mx.array([1], mx.int32) + 1  # a few bytes kept alive first (see the stacking's memory test below)
+    mx.eval(small)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    state = stacked_cache(w, cache, length, capacity)
+    grew = mx.get_peak_memory() - before
+    size = state.kc.nbytes + state.vc.nbytes
+    assert state.kc.shape == (w.kv_layers, w.kv_heads, capacity, w.head_dim) and state.pos == length
+    assert size <= grew < 1.3 * size  # the output, and not a second copy of it
+    for i, (k, v) in enumerate(rng):
+        assert mx.array_equal(state.kc[i, :, :length], k[0]) and mx.array_equal(state.vc[i, :, :length], v[0])
+    assert not mx.any(state.kc[:, :, length:]).item() and not mx.any(state.vc[:, :, length:]).item()
+
+
 # ------------------------------------------------------------------ hybrid Gated DeltaNet stacks
 
 
