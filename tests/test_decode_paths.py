@@ -547,7 +547,7 @@ def test_stacked_cache_copies_into_one_array():
 
     model = load("dummy:tiny-qwen3")[0]
     w = stack_weights(model)
-    length, capacity = 1500, 2048
+    length, capacity = 50000, 65536  # a 34 MB output: far above the allocator's small pools
     rng = [mx.random.normal((2, 1, w.kv_heads, length, w.head_dim)).astype(w.dtype) for _ in range(w.kv_layers)]
     cache = [KVCache() for _ in range(w.kv_layers)]
     for c, (k, v) in zip(cache, rng):
