@@ -160,6 +160,15 @@ MG_FN uint4 mg_load_u4_stream(const void* p) {
   return v;
 }
 #define MG_LOAD_U4_STREAM(ptr) mg_load_u4_stream((const void*)(ptr))
+// 16 bytes from device memory into the thread's own shared-memory slot without a register (cp.async, through
+// L2 only), in groups a thread commits and then waits on: MG_ASYNC_WAIT(n) returns when at most the n newest
+// of its groups are still in flight, and the copies of the others are then visible to the thread
+#define MG_HAS_ASYNC_COPY 1
+#define MG_ASYNC_COPY16(dst, src)                                                                               \
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), \
+               "l"((const void*)(src)) : "memory")
+#define MG_ASYNC_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define MG_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #define MG_DEVICE_ADD_F32(ptr, v) atomicAdd((ptr), (float)(v))
 // integer adds on device memory (the sampler's cross-group histograms: order-free, so every run and
 // every group sees the same sums)

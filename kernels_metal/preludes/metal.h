@@ -137,6 +137,13 @@ MG_FN void mg_mma(thread mg_mma_acc& acc, const threadgroup T* a, uint32_t lda, 
 #define MG_MUT(type, ptr) ((device type*)(ptr))
 #define MG_HAS_GRID_BARRIER 0
 #define MG_LOAD_U4_STREAM(ptr) (*((const device uint4*)(ptr)))
+// the other backend's asynchronous copy into a thread's own slot of shared memory: here a plain copy, done
+// when the thread passes it, so committing and waiting are nothing. Nothing is gained by it here, and the
+// slots would take threadgroup memory past the 32 KB a Metal group may have: the decode body does not use it
+#define MG_HAS_ASYNC_COPY 0
+#define MG_ASYNC_COPY16(dst, src) (*((threadgroup uint4*)(dst)) = *((const device uint4*)(src)))
+#define MG_ASYNC_COMMIT()
+#define MG_ASYNC_WAIT(n)
 #define MG_DEVICE_ADD_F32(ptr, v) mg_device_add_f32((device atomic_uint*)(ptr), (float)(v))
 
 // float add on device memory by compare-and-swap (decode v2's split-K partial sums; this backend
