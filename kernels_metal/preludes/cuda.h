@@ -164,9 +164,10 @@ MG_FN uint4 mg_load_u4_stream(const void* p) {
 // L2 only), in groups a thread commits and then waits on: MG_ASYNC_WAIT(n) returns when at most the n newest
 // of its groups are still in flight, and the copies of the others are then visible to the thread
 #define MG_HAS_ASYNC_COPY 1
-#define MG_ASYNC_COPY16(dst, src)                                                                               \
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), \
-               "l"((const void*)(src)) : "memory")
+#define MG_ASYNC_COPY16(dst, src)                                                                           \
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),  \
+               "l"((const void*)(src))                                                                      \
+               : "memory")
 #define MG_ASYNC_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define MG_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #define MG_DEVICE_ADD_F32(ptr, v) atomicAdd((ptr), (float)(v))
