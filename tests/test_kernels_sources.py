@@ -136,3 +136,26 @@ def test_cuda_variants_compile_with_nvcc(nvcc_results, name):
     r = nvcc_results[name]
     assert r.returncode == 0, r.stderr[:3000]
     assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
+
+
+METAL_GROUP_BYTES = 32 * 1024  # the threadgroup memory a Metal group may have
+
+
+@pytest.mark.skipif(GXX is None, reason="no C++ compiler")
+@pytest.mark.parametrize("name", [k for k in S.KERNELS if k.startswith("decode_layer")])
+def test_metal_decode_group_memory_fits(tmp_path, name):
+    """The Metal decode kernels keep their shared arrays within the 32 KB a Metal group may have at their example
+    sizes (models up to qwen3-4b's hidden and intermediate sizes). Built as C++ against the stub, where threadgroup
+    arrays are the function's locals, the kernel's stack (g++ -fstack-usage) bounds them from above: the CUDA side's
+    32 KB of attention slots (MG_HAS_ASYNC_COPY) turned on in the Metal prelude takes the five that would use them
+    past it."""
+    src = tmp_path / f"{name}.cpp"
+    src.write_text('#include "metal_stub.h"\n' + S.metal_program(S.SPECS[name], SMALL))
+    r = subprocess.run([GXX, "-std=c++17", "-O1", "-c", "-fstack-usage", "-Wno-attributes", "-I", HERE, str(src),
+                        "-o", str(tmp_path / f"{name}.o")], capture_output=True, text=True)
+    if r.returncode and "stack-usage" in r.stderr:
+        pytest.skip("this C++ compiler has no -fstack-usage")
+    assert r.returncode == 0, r.stderr[:3000]
+    usage = [int(line.split("\t")[1]) for line in (tmp_path / f"{name}.su").read_text().splitlines()
+             if "custom_kernel_" + name in line]
+    assert usage and 0 < max(usage) <= METAL_GROUP_BYTES, usage
