@@ -33,10 +33,6 @@ struct bf16 { uint16_t bits; };
 #define MG_LOAD_U4_STREAM(ptr) (*((const mg_u4*)(ptr)))
 #define MG_LOAD_CG_U4(ptr) (*((const mg_u4*)(ptr)))
 #define MG_LOAD_SHARED_U4(ptr) (*((const mg_u4*)(ptr)))
-#define MG_HAS_ASYNC_COPY 0
-#define MG_ASYNC_COPY16(dst, src) (*((mg_u4*)(dst)) = *((const mg_u4*)(src)))
-#define MG_ASYNC_COMMIT()
-#define MG_ASYNC_WAIT(n)
 #define MG_DEVICE_ADD_F32(ptr, v) (*(ptr) += (v))
 #define MG_LOAD_CG(ptr) (*(ptr))
 MG_FN float mg_inf() { return INFINITY; }

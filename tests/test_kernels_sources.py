@@ -93,10 +93,10 @@ def test_metal_signature_matches_mlx():
 GXX = shutil.which("g++") or shutil.which("clang++")
 
 
-def _compile(text, tmp_path, name):
+def _compile(text, tmp_path, name, flags=("-fsyntax-only",)):
     src = tmp_path / f"{name}.cpp"
     src.write_text('#include "metal_stub.h"\n' + text)
-    return subprocess.run([GXX, "-std=c++17", "-fsyntax-only", "-Wno-attributes", "-Werror=return-type", "-I", HERE,
+    return subprocess.run([GXX, "-std=c++17", *flags, "-Wno-attributes", "-Werror=return-type", "-I", HERE,
                            str(src)], capture_output=True, text=True)
 
 
@@ -149,10 +149,8 @@ def test_metal_decode_group_memory_fits(tmp_path, name):
     arrays are the function's locals, the kernel's stack (g++ -fstack-usage) bounds them from above: the CUDA side's
     32 KB of attention slots (MG_HAS_ASYNC_COPY) turned on in the Metal prelude takes the five that would use them
     past it."""
-    src = tmp_path / f"{name}.cpp"
-    src.write_text('#include "metal_stub.h"\n' + S.metal_program(S.SPECS[name], SMALL))
-    r = subprocess.run([GXX, "-std=c++17", "-O1", "-c", "-fstack-usage", "-Wno-attributes", "-I", HERE, str(src),
-                        "-o", str(tmp_path / f"{name}.o")], capture_output=True, text=True)
+    r = _compile(S.metal_program(S.SPECS[name], SMALL), tmp_path, name,
+                 ("-O1", "-c", "-fstack-usage", "-o", str(tmp_path / f"{name}.o")))
     if r.returncode and "stack-usage" in r.stderr:
         pytest.skip("this C++ compiler has no -fstack-usage")
     assert r.returncode == 0, r.stderr[:3000]
