@@ -114,14 +114,15 @@ def test_cpu_experts_equal_reference(dtype, bits, T):
         got = cpu.moe_experts(x, inds, scores, g, u, d)
         mx.eval(want, got)
     assert got.dtype == dtype and got.shape == (T, H)
-    # float32: the same sums in another order. 16-bit: the reference is ~1% from float32 arithmetic;
-    # MLX's dense products round once as it does (within 1e-2 of it), but MLX's CPU quantized
-    # products in 16 bits are themselves 3-4% from float32 (measured over random draws)
+    # float32: the same sums in another order. 16-bit: the reference is ~0.45% from float64 arithmetic,
+    # the CPU formulation ~0.9% (its products in float32, each rounded once to 16 bits, and the
+    # activation in 16 bits)
     if dtype != mx.float32 and bits:
-        # measured by the norm of the difference: over 300 random draws (2026-11-25) it stayed within
-        # 0.022-0.028, where the largest element's error is heavy-tailed (up to 0.0625) and made this flaky
+        # by the norm of the difference, since the largest element's error is heavy-tailed: over 2000
+        # random draws at T=1 (2026-11-27) it averaged 0.010, 99% within 0.016, the largest 0.021. (With
+        # the products in 16 bits it was 0.022 on average and up to 0.059: a bound of 0.04 failed in CI.)
         a, b = f64(got), f64(want)
-        assert float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 4e-2
+        assert float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 3e-2
     else:
         assert rel(got, want) < (1e-5 if dtype == mx.float32 else 2e-2)
 
