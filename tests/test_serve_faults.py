@@ -233,11 +233,21 @@ def test_a_stream_closed_mid_way_frees_its_slot_at_once(served):
             # sampled, not greedy: now and then the random model's greedy reply had ended (the job gone) by the time
             # its first chunk was read, which left nothing to cancel
             "temperature": 1.0, "seed": 0}) as r:
-        for line in r.iter_lines():
+        lines = r.iter_lines()
+        for line in lines:
             if line.startswith("data: {"):
                 break
         state = engine.state()
-        assert state["rows"] == 1 and state["jobs"] == 1, (line, state)  # (the first chunk, should this fail)
+        if not (state["rows"] == 1 and state["jobs"] == 1):
+            # it has failed twice in loaded CI runs (2026-11-26, 2026-11-27) and in no rerun alone, with a row left
+            # and its job ended: the stream's last lines say how it ended (a finish reason or an error object)
+            tail, t0 = [], time.perf_counter()
+            for rest in lines:
+                if rest:
+                    tail = (tail + [rest[:300]])[-3:]
+                if time.perf_counter() - t0 > 5:
+                    break
+            raise AssertionError(f"first chunk {line[:300]!r}, then the engine {state}, the stream's end {tail}")
     tic = time.perf_counter()
     assert_idle(engine)
     assert time.perf_counter() - tic < 2  # its 2000 tokens would take a minute here
