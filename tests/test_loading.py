@@ -64,7 +64,9 @@ def test_a_tied_head_goes_through_the_kernel_library(tmp_path, monkeypatch, bits
     table = mx.dequantize(emb["weight"], emb["scales"], emb["biases"], group_size=64, bits=bits) if bits else emb.weight
     f64 = lambda a: np.array(a.astype(mx.float32), dtype=np.float64)  # noqa: E731
     truth = f64(h) @ f64(table).T
-    assert np.abs(f64(y) - truth).max() < 1e-2 * np.abs(truth).max()
+    # a GPU backend's products of bf16 activations are held to test_linear_and_quantized's bound there (not measured
+    # for this test on a GPU yet)
+    assert np.abs(f64(y) - truth).max() < (1e-2 if K.backend() == "cpu" else 5e-2) * np.abs(truth).max()
 
 
 def test_dtype_cast(tmp_path):
