@@ -239,8 +239,9 @@ def test_a_stream_closed_mid_way_frees_its_slot_at_once(served):
                 break
         state = engine.state()
         if not (state["rows"] == 1 and state["jobs"] == 1):
-            # it has failed twice in loaded CI runs (2026-11-26, 2026-11-27) and in no rerun alone, with a row left
-            # and its job ended: the stream's last lines say how it ended (a finish reason or an error object)
+            # it has failed in two loaded full runs (CI, 2026-11-26; here, 2026-11-27, one of seven) and in no rerun
+            # alone, with a row left and its job ended: the stream's last lines say how it ended (a finish reason or
+            # an error object)
             tail, t0 = [], time.perf_counter()
             for rest in lines:
                 if rest:
