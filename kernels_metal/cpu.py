@@ -121,12 +121,9 @@ def _expert_product(x, ex, inds, sorted_):
         # x in float32, as quantized_linear (there, why); the product rounded once
         return mx.gather_qmm(_f32(x), ex.weight, ex.scales, ex.biases, rhs_indices=inds, transpose=True,
                              group_size=ex.group_size, bits=ex.bits, sorted_indices=sorted_).astype(x.dtype)
+    # MLX's CPU gather_mm takes float32 only: product in float32, rounded once, as a GEMM rounds
     w = ex.weight.swapaxes(-1, -2)
-    if x.dtype != mx.float32:
-        # MLX's CPU gather_mm takes float32 only: product in float32, rounded once, as a GEMM rounds
-        return mx.gather_mm(x.astype(mx.float32), w.astype(mx.float32), rhs_indices=inds,
-                            sorted_indices=sorted_).astype(x.dtype)
-    return mx.gather_mm(x, w, rhs_indices=inds, sorted_indices=sorted_)
+    return mx.gather_mm(_f32(x), _f32(w), rhs_indices=inds, sorted_indices=sorted_).astype(x.dtype)
 
 
 def moe_experts(x, inds, scores, gate, up, down):

@@ -85,8 +85,10 @@ def test_linear_and_quantized():
             assert rel(K.quantized_linear(x32, wq, s32, b32, 64, bits),
                        ref.quantized_linear(x32, wq, s32, b32, 64, bits)) < TOL32
             # bf16: both against the float64 product of the same quantized weights. MLX's CPU
-            # quantized_matmul keeps bf16 partial sums (up to 3.9% of max|y| over 300 draws, where
-            # dequantize-then-matmul stays under 0.9%), so a pairwise 3e-2 bound was flaky.
+            # quantized_matmul keeps bf16 partial sums on bf16 activations (up to 3.9% of max|y| over 300 draws,
+            # where dequantize-then-matmul stays under 0.9%), so a pairwise 3e-2 bound was flaky; the CPU
+            # backend now hands it float32 ones (held tighter by the test below), a GPU backend's product is
+            # held to 5e-2 here
             truth = f(x) @ f(mx.dequantize(wq, s32, b32, group_size=64, bits=bits)).T
             truth = mx.array(truth.astype(np.float32))
             assert rel(ref.quantized_linear(x, wq, s, bq, 64, bits), truth) < 1.5e-2
