@@ -10,7 +10,8 @@ lanes' shares folded as the device folds them after its lanes swap them, against
 at and past a lane's round trip.
 
 A lane-group's rows two at a time (mg_wrow_pair, mg_rows_add_residual: o_proj and down into the residual): the
-bits of the single-row dot in every lane, bf16 and 4-bit, and every row added once, in pairs or not alike."""
+bits of the single-row dot in every lane, bf16 and 4-bit (and for 4-bit the gate/up pair's dot whose first round
+trip was copied ahead), and every row added once, in pairs or not alike."""
 
 from __future__ import annotations
 
@@ -190,7 +191,7 @@ def test_merge_splits_reads_no_split_past_the_count(merging, j):
 
 ROWS_DRIVER = r"""
 template <int QB>
-int run(int K, int n, int nw) {
+int run(int K, int n, int nw, uint32_t spoil) {
   constexpr int GS = 64;
   const size_t words = (size_t)n * (size_t)K * (QB ? QB : 16) / 32;  // 32-bit words of the weight
   const size_t groups = QB ? (size_t)n * (size_t)K / GS : 1;
@@ -212,6 +213,30 @@ int run(int K, int n, int nw) {
       const float c = mg_wrow_dot<bf16, QB, GS>(wt, s.data(), b.data(), r + 1, x.data(), K, lane);
       differ += memcmp(&p.x, &a, 4) != 0;
       differ += memcmp(&p.y, &c, 4) != 0;
+      if (QB == 4) {
+        // the gate/up pair's dot with its first round trip copied ahead: the lane's chunks at k and k + 1024 as the
+        // kernel copies them (none past K), then the same bits as the pair's dot
+        const size_t KW = (size_t)K / 8u;
+        const uint32_t* w1 = w.data() + (size_t)r * KW;
+        const uint32_t* w2 = w1 + KW;
+        const uint32_t k = lane * 32u;
+        mg_u4 p0 = {}, q0 = {}, p1 = {}, q1 = {};
+        if (k < (uint32_t)K) {
+          p0 = MG_LOAD_U4_NC(w1 + k / 8u);
+          q0 = MG_LOAD_U4_NC(w2 + k / 8u);
+        }
+        if (k + 1024u < (uint32_t)K) {
+          p1 = MG_LOAD_U4_NC(w1 + (k + 1024u) / 8u);
+          q1 = MG_LOAD_U4_NC(w2 + (k + 1024u) / 8u);
+        }
+        q1.y ^= spoil;  // (the test's own check: a wrong second chunk must show)
+        const size_t g1 = (size_t)r * (K / GS);
+        const size_t g2 = g1 + K / GS;
+        const mg_f2 f = mg_q4_pair_dot_first<bf16, GS>(p0, q0, p1, q1, w1, s.data() + g1, b.data() + g1, w2,
+                                                       s.data() + g2, b.data() + g2, x.data(), K, lane);
+        differ += memcmp(&f.x, &p.x, 4) != 0;
+        differ += memcmp(&f.y, &p.y, 4) != 0;
+      }
     }
   }
   printf("%ld\n", differ);
@@ -237,10 +262,12 @@ int run(int K, int n, int nw) {
   }
   return 0;
 }
-int main() {
+int main(int argc, char** argv) {
+  // argv[1]: bits to flip in a lane's copied-ahead second chunk (the test that a wrong copy is seen)
+  const uint32_t spoil = argc > 1 ? (uint32_t)strtoul(argv[1], nullptr, 10) : 0u;
   int qb, K, n, nw;
   if (scanf("%d %d %d %d", &qb, &K, &n, &nw) != 4) return 2;
-  return qb == 4 ? run<4>(K, n, nw) : run<0>(K, n, nw);
+  return qb == 4 ? run<4>(K, n, nw, spoil) : run<0>(K, n, nw, spoil);
 }
 """
 
@@ -258,7 +285,8 @@ ROW_CASES = [(0, 896, 40, 16), (0, 2560, 37, 12), (0, 4864, 9, 4), (0, 1024, 5, 
 
 @pytest.mark.parametrize("qb,K,n,nw", ROW_CASES)
 def test_row_pairs_sum_as_single_rows(rows, qb, K, n, nw):
-    """mg_wrow_pair gives each row the single-row dot's bits, every lane; mg_rows_add_residual adds every row's dot
+    """mg_wrow_pair gives each row the single-row dot's bits, every lane, and so does the 4-bit gate/up pair's dot with
+    its first round trip copied ahead (mg_q4_pair_dot_first); mg_rows_add_residual adds every row's dot
     to the residual once, rounded twice, in pairs or not alike; the dots against float64."""
     rng = np.random.default_rng()
     x = bf16_bits(rng.standard_normal(K))
@@ -281,6 +309,10 @@ def test_row_pairs_sum_as_single_rows(rows, qb, K, n, nw):
     assert r.returncode == 0, r.stderr
     differ, dots, paired, single = r.stdout.split("\n")[:4]
     assert int(differ) == 0
+    if qb and K > 1024:  # lanes with a second chunk: a wrong copy of it changes the first-trip dot's bits
+        spoiled = subprocess.run([str(rows), str(1 << 21)], input=text + "\n", capture_output=True, text=True,
+                                 timeout=120)
+        assert spoiled.returncode == 0 and int(spoiled.stdout.split("\n")[0]) > 0
     xv = bits_value(x).astype(np.float64)
     want = wv @ xv
     np.testing.assert_allclose(np.array(dots.split(), np.float64), want, rtol=0,

@@ -236,6 +236,30 @@ MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b
   return s * d.x + b * d.y;
 }
 
+// One round trip of two 4-bit rows against one vector (gate and up): a lane's chunks at k (p0, q0) and, when more,
+// at k2 = k + 1024 (p1, q1), added to the rows' sums ac.x and ac.y (in this order: the bits of the loop it came from)
+template <typename T, int GS>
+MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, uint32_t k, const MG_DEVICE T* s1,
+                            const MG_DEVICE T* b1, const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x,
+                            mg_f2 ac) {
+  float a = ac.x;
+  float c = ac.y;
+  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true>(p0, q0, MG_LOAD_SHARED_U4(x + k), MG_LOAD_SHARED_U4(x + k + 8),
+                                                     MG_LOAD_SHARED_U4(x + k + 16), MG_LOAD_SHARED_U4(x + k + 24));
+  a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * d0.sx;
+  c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * d0.sx;
+  if (more) {
+    const uint32_t k2 = k + 1024u;
+    const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true>(p1, q1, MG_LOAD_SHARED_U4(x + k2), MG_LOAD_SHARED_U4(x + k2 + 8),
+                                                       MG_LOAD_SHARED_U4(x + k2 + 16), MG_LOAD_SHARED_U4(x + k2 + 24));
+    a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * d1.sx;
+    c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * d1.sx;
+  }
+  ac.x = a;
+  ac.y = c;
+  return ac;
+}
+
 // Lane-group dots of two quantized rows with two vectors in shared memory (SAME: both rows take x1, whose
 // values are then unpacked and summed once); each lane's chunks of both rows are loaded before the first
 // multiply, two chunks a row a round trip (a 4-bit row of K <= 2048 is one).
@@ -259,17 +283,12 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
       q1 = MG_LOAD_U4_NC(w2 + k2 * QBS / 32u);
     }
     if (SAME && QB == 4) {
-      const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true>(p0, q0, MG_LOAD_SHARED_U4(x1 + k), MG_LOAD_SHARED_U4(x1 + k + 8),
-                                                         MG_LOAD_SHARED_U4(x1 + k + 16), MG_LOAD_SHARED_U4(x1 + k + 24));
-      a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * d0.sx;
-      c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * d0.sx;
-      if (more) {
-        const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true>(p1, q1, MG_LOAD_SHARED_U4(x1 + k2),
-                                                           MG_LOAD_SHARED_U4(x1 + k2 + 8), MG_LOAD_SHARED_U4(x1 + k2 + 16),
-                                                           MG_LOAD_SHARED_U4(x1 + k2 + 24));
-        a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * d1.sx;
-        c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * d1.sx;
-      }
+      mg_f2 ac;
+      ac.x = a;
+      ac.y = c;
+      ac = mg_q4_pair_trip<T, GS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac);
+      a = ac.x;
+      c = ac.y;
       continue;
     }
     a += mg_qchunk_shared<T, QB>(p0, x1 + k, mg_to_float(s1[k / GS]), mg_to_float(b1[k / GS]));
@@ -280,6 +299,37 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
   mg_f2 r;
   r.x = mg_lanes_sum(a);
   r.y = mg_lanes_sum(c);
+  return r;
+}
+
+// Two 4-bit rows (words w1, w2 with their scales and biases) dotted with one vector, as mg_qwarp_dot2x<T, 4, GS, true>
+// sums them (the same bits), the lane's first round trip given: chunks p0, q0 at k = 32 lane and p1, q1 at k + 1024
+// (those past K unused), which the caller had copied ahead (the gate/up phase, decode_layer.body)
+template <typename T, int GS>
+MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const MG_DEVICE uint32_t* w1,
+                                 const MG_DEVICE T* s1, const MG_DEVICE T* b1, const MG_DEVICE uint32_t* w2,
+                                 const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x, uint32_t K,
+                                 uint32_t lane) {
+  mg_f2 ac;
+  ac.x = 0.0f;
+  ac.y = 0.0f;
+  uint32_t k = lane * 32u;
+  if (k < K) ac = mg_q4_pair_trip<T, GS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac);
+  for (k += 2048u; k < K; k += 2048u) {
+    const bool more = k + 1024u < K;
+    const mg_u4 f0 = MG_LOAD_U4_NC(w1 + k / 8u);
+    const mg_u4 g0 = MG_LOAD_U4_NC(w2 + k / 8u);
+    mg_u4 f1 = f0;
+    mg_u4 g1 = g0;
+    if (more) {
+      f1 = MG_LOAD_U4_NC(w1 + (k + 1024u) / 8u);
+      g1 = MG_LOAD_U4_NC(w2 + (k + 1024u) / 8u);
+    }
+    ac = mg_q4_pair_trip<T, GS>(f0, g0, f1, g1, more, k, s1, b1, s2, b2, x, ac);
+  }
+  mg_f2 r;
+  r.x = mg_lanes_sum(ac.x);
+  r.y = mg_lanes_sum(ac.y);
   return r;
 }
 
