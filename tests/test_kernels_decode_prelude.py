@@ -11,7 +11,7 @@ at and past a lane's round trip.
 
 A lane-group's rows two at a time (mg_wrow_pair, mg_rows_add_residual: o_proj and down into the residual): the
 bits of the single-row dot in every lane, bf16 and 4-bit (and for 4-bit the gate/up pair's dot whose first round
-trip was copied ahead), and every row added once, in pairs or not alike."""
+trip was copied ahead, for bf16 the dot of a row copied into shared memory), and every row added once, in pairs or not alike."""
 
 from __future__ import annotations
 
@@ -236,6 +236,30 @@ int run(int K, int n, int nw, uint32_t spoil) {
                                                        s.data() + g2, b.data() + g2, x.data(), K, lane);
         differ += memcmp(&f.x, &p.x, 4) != 0;
         differ += memcmp(&f.y, &p.y, 4) != 0;
+      } else {
+        // the o_proj row copied into a group's slots (chunk j of the lane at slot 256 j + thread; here the thread of
+        // lane-group 3), then the same bits as the row's dot
+        const uint32_t tid = 96u + lane;
+        std::vector<mg_u4> slots(((size_t)K / 256u + 1u) * 256u);
+        for (uint32_t j = 0; lane * 8u + 256u * j < (uint32_t)K; ++j) {
+          slots[256u * j + tid] = MG_LOAD_U4_NC(wt + (size_t)r * K + lane * 8u + 256u * j);
+        }
+        if (K > 256) slots[256u + tid].y ^= spoil;  // (the test's own check: a wrong second chunk must show)
+        const float o = mg_warp_dot_slots<bf16>(slots.data(), x.data(), K, lane, tid);
+        differ += memcmp(&o, &a, 4) != 0;
+        // and the gate/up pair (rows r, r + 1) copied the same way, up's chunks after gate's, against their pair's dot
+        const uint32_t nch = ((uint32_t)K + 255u) / 256u;
+        std::vector<mg_u4> pair(2u * nch * 256u);
+        for (uint32_t j = 0; lane * 8u + 256u * j < (uint32_t)K; ++j) {
+          pair[256u * j + tid] = MG_LOAD_U4_NC(wt + (size_t)r * K + lane * 8u + 256u * j);
+          pair[256u * (nch + j) + tid] = MG_LOAD_U4_NC(wt + (size_t)(r + 1) * K + lane * 8u + 256u * j);
+        }
+        if (K > 256) pair[256u * (nch + 1u) + tid].y ^= spoil;
+        const mg_f2 gu = mg_warp_dot2_slots<bf16>(pair.data(), pair.data() + 256u * nch, x.data(), K, lane, tid);
+        const mg_f2 want = mg_wrow_dot2<bf16, 0, GS>(wt, s.data(), b.data(), r, wt, s.data(), b.data(), r + 1, x.data(), K,
+                                                     lane);
+        differ += memcmp(&gu.x, &want.x, 4) != 0;
+        differ += memcmp(&gu.y, &want.y, 4) != 0;
       }
     }
   }
@@ -286,7 +310,9 @@ ROW_CASES = [(0, 896, 40, 16), (0, 2560, 37, 12), (0, 4864, 9, 4), (0, 1024, 5, 
 @pytest.mark.parametrize("qb,K,n,nw", ROW_CASES)
 def test_row_pairs_sum_as_single_rows(rows, qb, K, n, nw):
     """mg_wrow_pair gives each row the single-row dot's bits, every lane, and so does the 4-bit gate/up pair's dot with
-    its first round trip copied ahead (mg_q4_pair_dot_first); mg_rows_add_residual adds every row's dot
+    its first round trip copied ahead (mg_q4_pair_dot_first), and bf16 rows' dots from their chunks copied into a
+    group's slots (mg_warp_dot_slots, o_proj's, and mg_warp_dot2_slots, a gate/up pair's, against mg_wrow_dot2);
+    mg_rows_add_residual adds every row's dot
     to the residual once, rounded twice, in pairs or not alike; the dots against float64."""
     rng = np.random.default_rng()
     x = bf16_bits(rng.standard_normal(K))
@@ -309,7 +335,7 @@ def test_row_pairs_sum_as_single_rows(rows, qb, K, n, nw):
     assert r.returncode == 0, r.stderr
     differ, dots, paired, single = r.stdout.split("\n")[:4]
     assert int(differ) == 0
-    if qb and K > 1024:  # lanes with a second chunk: a wrong copy of it changes the first-trip dot's bits
+    if K > (1024 if qb else 256):  # lanes with a second chunk: a wrong copy of it changes the copied row's bits
         spoiled = subprocess.run([str(rows), str(1 << 21)], input=text + "\n", capture_output=True, text=True,
                                  timeout=120)
         assert spoiled.returncode == 0 and int(spoiled.stdout.split("\n")[0]) > 0

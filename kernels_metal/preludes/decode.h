@@ -61,6 +61,44 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
   return mg_lanes_sum(acc);
 }
 
+// mg_warp_dot of a row whose lane chunks are in shared memory: chunk j of the lane (values 8 lane + 256 j) at
+// sl[256 j + tid], as a group's thread copied them; the same sums in the same order, so the same bits
+template <typename T>
+MG_FN float mg_warp_dot_slots(MG_SHARED_PTR const mg_u4* sl, MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane,
+                              uint32_t tid) {
+  float acc = 0.0f;
+  uint32_t k = lane * 8u;
+  uint32_t j = tid;
+  for (; k + 768u < K; k += 1024u, j += 1024u) {
+    acc += mg_dot8<T>(MG_LOAD_SHARED_U4(sl + j), MG_LOAD_SHARED_U4(xs + k)) +
+           mg_dot8<T>(MG_LOAD_SHARED_U4(sl + j + 256u), MG_LOAD_SHARED_U4(xs + k + 256u)) +
+           mg_dot8<T>(MG_LOAD_SHARED_U4(sl + j + 512u), MG_LOAD_SHARED_U4(xs + k + 512u)) +
+           mg_dot8<T>(MG_LOAD_SHARED_U4(sl + j + 768u), MG_LOAD_SHARED_U4(xs + k + 768u));
+  }
+  for (uint32_t i = 0; i < 3u; ++i) {
+    if (k + 256u * i < K) acc += mg_dot8<T>(MG_LOAD_SHARED_U4(sl + j + 256u * i), MG_LOAD_SHARED_U4(xs + k + 256u * i));
+  }
+  return mg_lanes_sum(acc);
+}
+
+// mg_warp_dot2 (gate and up) of two rows whose lane chunks are in shared memory: chunk j of the lane at sl1[256 j + tid]
+// and sl2[256 j + tid]; the same sums in the same order
+template <typename T>
+MG_FN mg_f2 mg_warp_dot2_slots(MG_SHARED_PTR const mg_u4* sl1, MG_SHARED_PTR const mg_u4* sl2, MG_SHARED_PTR const T* xs,
+                               uint32_t K, uint32_t lane, uint32_t tid) {
+  float a = 0.0f;
+  float b = 0.0f;
+  for (uint32_t k = lane * 8u, j = tid; k < K; k += 256u, j += 256u) {
+    const mg_u4 x = MG_LOAD_SHARED_U4(xs + k);
+    a += mg_dot8<T>(MG_LOAD_SHARED_U4(sl1 + j), x);
+    b += mg_dot8<T>(MG_LOAD_SHARED_U4(sl2 + j), x);
+  }
+  mg_f2 r;
+  r.x = mg_lanes_sum(a);
+  r.y = mg_lanes_sum(b);
+  return r;
+}
+
 // acc plus one lane's dots of up to N 16-byte chunks of two rows, w1 . x1 and w2 . x2 at k + 256 j < k1, in
 // order of j, both rows' chunks loaded before the first multiply (one round trip for the two)
 template <typename T, int N>
@@ -428,16 +466,20 @@ MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, cons
   uint32_t r = gw;
   if (PAIRS) {
     for (; r + nw < n; r += 2u * nw) {
+      // (the residual's values asked for with the rows rather than after their dots: a round trip less a row)
+      const float h0 = MG_LOAD_CG(h + r);
+      const float h1 = MG_LOAD_CG(h + r + nw);
       const mg_f2 ab = mg_wrow_pair<T, QB, GS>(w, s, b, base + r, base + r + nw, xs, K, lane);
       if (lane == 0) {
-        h[r] = mg_round<T>(MG_LOAD_CG(h + r) + mg_round<T>(ab.x));
-        h[r + nw] = mg_round<T>(MG_LOAD_CG(h + r + nw) + mg_round<T>(ab.y));
+        h[r] = mg_round<T>(h0 + mg_round<T>(ab.x));
+        h[r + nw] = mg_round<T>(h1 + mg_round<T>(ab.y));
       }
     }
   }
   for (; r < n; r += nw) {
+    const float h0 = MG_LOAD_CG(h + r);
     const float o = mg_round<T>(mg_wrow_dot<T, QB, GS>(w, s, b, base + r, xs, K, lane));
-    if (lane == 0) h[r] = mg_round<T>(MG_LOAD_CG(h + r) + o);
+    if (lane == 0) h[r] = mg_round<T>(h0 + o);
   }
 }
 
