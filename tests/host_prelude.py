@@ -35,6 +35,7 @@ struct bf16 { uint16_t bits; };
 #define MG_LOAD_SHARED_U4(ptr) (*((const mg_u4*)(ptr)))
 #define MG_DEVICE_ADD_F32(ptr, v) (*(ptr) += (v))
 #define MG_LOAD_CG(ptr) (*(ptr))
+#define MG_ASYNC_COPY16(dst, src) (*((mg_u4*)(dst)) = *((const mg_u4*)(src)))
 MG_FN float mg_inf() { return INFINITY; }
 MG_FN float mg_fmax(float a, float b) { return std::fmax(a, b); }
 MG_FN float mg_exp(float x) { return std::exp(x); }

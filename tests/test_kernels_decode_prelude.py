@@ -237,23 +237,19 @@ int run(int K, int n, int nw, uint32_t spoil) {
         differ += memcmp(&f.x, &p.x, 4) != 0;
         differ += memcmp(&f.y, &p.y, 4) != 0;
       } else {
-        // the o_proj row copied into a group's slots (chunk j of the lane at slot 256 j + thread; here the thread of
+        // the o_proj row copied into a group's slots as the kernel copies it (mg_copy_row_slots; here the thread of
         // lane-group 3), then the same bits as the row's dot
         const uint32_t tid = 96u + lane;
-        std::vector<mg_u4> slots(((size_t)K / 256u + 1u) * 256u);
-        for (uint32_t j = 0; lane * 8u + 256u * j < (uint32_t)K; ++j) {
-          slots[256u * j + tid] = MG_LOAD_U4_NC(wt + (size_t)r * K + lane * 8u + 256u * j);
-        }
+        const uint32_t nch = ((uint32_t)K + 255u) / 256u;
+        std::vector<mg_u4> slots(nch * 256u);
+        mg_copy_row_slots<bf16>(slots.data(), wt + (size_t)r * K, K, nch, lane, tid);
         if (K > 256) slots[256u + tid].y ^= spoil;  // (the test's own check: a wrong second chunk must show)
         const float o = mg_warp_dot_slots<bf16>(slots.data(), x.data(), K, lane, tid);
         differ += memcmp(&o, &a, 4) != 0;
         // and the gate/up pair (rows r, r + 1) copied the same way, up's chunks after gate's, against their pair's dot
-        const uint32_t nch = ((uint32_t)K + 255u) / 256u;
         std::vector<mg_u4> pair(2u * nch * 256u);
-        for (uint32_t j = 0; lane * 8u + 256u * j < (uint32_t)K; ++j) {
-          pair[256u * j + tid] = MG_LOAD_U4_NC(wt + (size_t)r * K + lane * 8u + 256u * j);
-          pair[256u * (nch + j) + tid] = MG_LOAD_U4_NC(wt + (size_t)(r + 1) * K + lane * 8u + 256u * j);
-        }
+        mg_copy_row_slots<bf16>(pair.data(), wt + (size_t)r * K, K, nch, lane, tid);
+        mg_copy_row_slots<bf16>(pair.data() + 256u * nch, wt + (size_t)(r + 1) * K, K, nch, lane, tid);
         if (K > 256) pair[256u * (nch + 1u) + tid].y ^= spoil;
         const mg_f2 gu = mg_warp_dot2_slots<bf16>(pair.data(), pair.data() + 256u * nch, x.data(), K, lane, tid);
         const mg_f2 want = mg_wrow_dot2<bf16, 0, GS>(wt, s.data(), b.data(), r, wt, s.data(), b.data(), r + 1, x.data(), K,

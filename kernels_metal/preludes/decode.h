@@ -61,6 +61,17 @@ MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_
   return mg_lanes_sum(acc);
 }
 
+// The n 16-byte chunks of a row (K values at w) that mg_warp_dot's lane reads, values 8 lane + 256 j (none past K),
+// asked for into the thread's own slots sl[256 j + tid] without registers (the megakernel's copies a phase ahead)
+template <typename T>
+MG_FN void mg_copy_row_slots(MG_SHARED_PTR mg_u4* sl, const MG_DEVICE T* w, uint32_t K, uint32_t n, uint32_t lane,
+                             uint32_t tid) {
+  for (uint32_t j = 0; j < n; ++j) {
+    const uint32_t k = lane * 8u + 256u * j;
+    if (k < K) MG_ASYNC_COPY16(sl + j * 256u + tid, w + k);
+  }
+}
+
 // mg_warp_dot of a row whose lane chunks are in shared memory: chunk j of the lane (values 8 lane + 256 j) at
 // sl[256 j + tid], as a group's thread copied them; the same sums in the same order, so the same bits
 template <typename T>
