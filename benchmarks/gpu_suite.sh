@@ -5,7 +5,15 @@
 # with NW workers, then every test that failed runs again alone, since a test that runs out of GPU memory
 # beside other workers, or shares a process with one whose CUDA error poisoned it, can pass by itself.
 #
-#   OUT=dir PART=0 [PARTS=3] [NW=...] bash benchmarks/gpu_suite.sh
+#   OUT=dir PART=0 [PARTS=3] [NW=...] [WHEELS=.w4] bash benchmarks/gpu_suite.sh
+#
+# WHEELS names a carried folder of wheels that the image lacks and the test extra needs (soundfile and cffi,
+# pycparser, pytest-xdist and execnet, hypothesis and sortedcontainers, the serve stack: openai, starlette,
+# uvicorn, httptools, uvloop), installed first with --no-index --no-deps; without them the soundfile and serve
+# tests fail on import. Made here with
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .w4 soundfile cffi pycparser \
+#     pytest-xdist execnet hypothesis sortedcontainers openai starlette uvicorn httptools uvloop
 #
 # NW defaults to 3 on a card of at most 80 GB, else 8: on an H100 (2026-11-26,
 # benchmarks/results/gpu_suite_h100_2026-11-26/) one part met an illegal memory access with 5 workers and not
@@ -21,6 +29,10 @@ parts=${PARTS:-3}
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
 nw=${NW:-$([ "${mem:-0}" -le 82000 ] && echo 3 || echo 8)}
 log="$out/gpu_suite_part$part.log"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl > "$out/gpu_suite_wheels.log" 2>&1 \
+    || echo "installing the wheels in $WHEELS failed: see $out/gpu_suite_wheels.log"
+fi
 files=$(python3 - "$part" "$parts" <<'EOF'
 import glob, os, sys
 part, parts = int(sys.argv[1]), int(sys.argv[2])
