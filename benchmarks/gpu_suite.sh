@@ -5,7 +5,7 @@
 # with NW workers, then every test that failed runs again alone, since a test that runs out of GPU memory
 # beside other workers, or shares a process with one whose CUDA error poisoned it, can pass by itself.
 #
-#   OUT=dir PART=0 [PARTS=3] [NW=...] [WHEELS=.w4] bash benchmarks/gpu_suite.sh
+#   OUT=dir PART=0 [PARTS=3] [NW=...] [WHEELS=.w4] [SOLO="file ..."] bash benchmarks/gpu_suite.sh
 #
 # WHEELS names a carried folder of wheels that the image lacks and the test extra needs (soundfile and cffi,
 # pycparser, pytest-xdist and execnet, hypothesis and sortedcontainers, the serve stack: openai, starlette,
@@ -33,14 +33,22 @@ if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl > "$out/gpu_suite_wheels.log" 2>&1 \
     || echo "installing the wheels in $WHEELS failed: see $out/gpu_suite_wheels.log"
 fi
-files=$(python3 - "$part" "$parts" <<'EOF'
+# SOLO: files that get a part of their own, the first parts (tests/test_decode_paths.py builds a megakernel per case:
+# 230-290 s alone with 6 workers on the H200, 2026-11-27, where the other files took 393 s in all with 8)
+solo=${SOLO-tests/test_decode_paths.py}
+files=$(python3 - "$part" "$parts" $solo <<'EOF'
 import glob, os, sys
-part, parts = int(sys.argv[1]), int(sys.argv[2])
-cut, size = [[] for _ in range(parts)], [0] * parts
+part, parts, solo = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+solo = [f for f in solo if os.path.exists(f)][: parts - 1]
+rest = parts - len(solo)
+cut, size = [[] for _ in range(rest)], [0] * rest
 for f in sorted(glob.glob("tests/test_*.py"), key=lambda f: (-os.path.getsize(f), f)):
+    if f in solo:
+        continue
     i = size.index(min(size))
     cut[i].append(f)
     size[i] += os.path.getsize(f)
+cut = [[f] for f in solo] + cut
 print(" ".join(sorted(cut[part])))
 EOF
 )
