@@ -1,7 +1,7 @@
 """preludes/qdot.h's quantized chunk arithmetic run on the CPU (g++), against float64 on fresh random codes
 and activations: MLX affine 8-bit chunks and 4-bit chunks with their codes read in place (one row, and two
-rows sharing one unpacked x). The GPU tests run the same functions inside the kernels; this pins their
-arithmetic where CI can run it."""
+rows sharing one unpacked x), and a chunk's sum of x made apart. The GPU tests run the same functions inside the
+kernels; this pins their arithmetic where CI can run it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ int main() {
     const mg_f2 a = mg_qdot_chunk<bf16, 4>(w1, x[0], x[1], x[2], x[3]);
     const mg_q4_sums b = mg_q4_chunk_inplace<bf16, true>(w1, w2, x[0], x[1], x[2], x[3]);
     const mg_f2 e = mg_qdot_chunk<bf16, 8>(w1, x[0], x[1], x[0], x[1]);
-    printf("%.9g %.9g %.9g %.9g %.9g %.9g %.9g\n", a.x, a.y, b.d1, b.d2, b.sx, e.x, e.y);
+    // the chunk's sum of x alone (mg_chunk_sums), and the pair's sums without it
+    const float xsum = mg_q4_chunk_xsum<bf16>(x[0], x[1], x[2], x[3]);
+    const mg_q4_sums f = mg_q4_chunk_inplace<bf16, true, false>(w1, w2, x[0], x[1], x[2], x[3]);
+    printf("%.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g\n", a.x, a.y, b.d1, b.d2, b.sx, e.x, e.y, xsum, f.d1,
+           f.d2);
   }
   return 0;
 }
@@ -80,6 +84,10 @@ def test_quantized_chunks_against_float64(qdot_program):
     x16 = xv[:, :16]
     assert np.max(np.abs(out[:, 5] - (x16 * q8).sum(axis=1)) / (np.abs(x16).sum(axis=1) * 255)) < 2e-6
     assert np.max(np.abs(out[:, 6] - x16.sum(axis=1)) / np.abs(x16).sum(axis=1)) < 2e-6
+    # the sum of x made apart (once a vector) has the bits of the one made with the codes, and the codes' sums
+    # are the same without it (%.9g tells float32 values apart)
+    assert np.array_equal(out[:, 7], out[:, 4])
+    assert np.array_equal(out[:, 8:10], out[:, 2:4])
 
 
 def test_a_misread_code_is_caught(qdot_program):

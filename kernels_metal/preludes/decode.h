@@ -272,11 +272,17 @@ MG_FN void mg_norm_staged(MG_SHARED_PTR T* xs, mg_norm_chunks<N> wv, float r, ui
 // preludes/qdot.h.
 
 // One lane's chunk of a quantized row (VPC values at x, in shared memory), scaled by its group's s and b
-template <typename T, int QB>
-MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b) {
+// (PS, 4 bits: the chunk's sum of x is sx, from mg_chunk_sums, not added up again here)
+template <typename T, int QB, bool PS = false>
+MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b, float sx = 0.0f) {
   const mg_u4 x0 = MG_LOAD_SHARED_U4(x);
   const mg_u4 x1 = MG_LOAD_SHARED_U4(x + 8);
   mg_f2 d;
+  if (PS && QB == 4) {
+    const mg_q4_sums q = mg_q4_chunk_inplace<T, false, false>(w, w, x0, x1, MG_LOAD_SHARED_U4(x + 16),
+                                                              MG_LOAD_SHARED_U4(x + 24));
+    return s * q.d1 + b * sx;
+  }
   if (QB == 4) {
     d = mg_qdot_chunk<T, 4>(w, x0, x1, MG_LOAD_SHARED_U4(x + 16), MG_LOAD_SHARED_U4(x + 24));
   } else {
@@ -286,23 +292,27 @@ MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b
 }
 
 // One round trip of two 4-bit rows against one vector (gate and up): a lane's chunks at k (p0, q0) and, when more,
-// at k2 = k + 1024 (p1, q1), added to the rows' sums ac.x and ac.y (in this order: the bits of the loop it came from)
-template <typename T, int GS>
+// at k2 = k + 1024 (p1, q1), added to the rows' sums ac.x and ac.y (in this order: the bits of the loop it came from);
+// PS: the chunks' sums of x are read from xsum (mg_chunk_sums) rather than added up for this pair
+template <typename T, int GS, bool PS = false>
 MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, uint32_t k, const MG_DEVICE T* s1,
                             const MG_DEVICE T* b1, const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x,
-                            mg_f2 ac) {
+                            mg_f2 ac, MG_SHARED_PTR const float* xsum) {
   float a = ac.x;
   float c = ac.y;
-  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true>(p0, q0, MG_LOAD_SHARED_U4(x + k), MG_LOAD_SHARED_U4(x + k + 8),
-                                                     MG_LOAD_SHARED_U4(x + k + 16), MG_LOAD_SHARED_U4(x + k + 24));
-  a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * d0.sx;
-  c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * d0.sx;
+  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true, !PS>(p0, q0, MG_LOAD_SHARED_U4(x + k), MG_LOAD_SHARED_U4(x + k + 8),
+                                                          MG_LOAD_SHARED_U4(x + k + 16), MG_LOAD_SHARED_U4(x + k + 24));
+  const float sx0 = PS ? xsum[k / 32u] : d0.sx;
+  a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * sx0;
+  c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * sx0;
   if (more) {
     const uint32_t k2 = k + 1024u;
-    const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true>(p1, q1, MG_LOAD_SHARED_U4(x + k2), MG_LOAD_SHARED_U4(x + k2 + 8),
-                                                       MG_LOAD_SHARED_U4(x + k2 + 16), MG_LOAD_SHARED_U4(x + k2 + 24));
-    a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * d1.sx;
-    c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * d1.sx;
+    const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true, !PS>(p1, q1, MG_LOAD_SHARED_U4(x + k2),
+                                                            MG_LOAD_SHARED_U4(x + k2 + 8), MG_LOAD_SHARED_U4(x + k2 + 16),
+                                                            MG_LOAD_SHARED_U4(x + k2 + 24));
+    const float sx1 = PS ? xsum[k2 / 32u] : d1.sx;
+    a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * sx1;
+    c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * sx1;
   }
   ac.x = a;
   ac.y = c;
@@ -311,8 +321,9 @@ MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, u
 
 // Lane-group dots of two quantized rows with two vectors in shared memory (SAME: both rows take x1, whose
 // values are then unpacked and summed once); each lane's chunks of both rows are loaded before the first
-// multiply, two chunks a row a round trip (a 4-bit row of K <= 2048 is one).
-template <typename T, int QB, int GS, bool SAME>
+// multiply, two chunks a row a round trip (a 4-bit row of K <= 2048 is one). PS (SAME, 4 bits): the chunks' sums
+// of x are at x1 + K (mg_chunk_sums).
+template <typename T, int QB, int GS, bool SAME, bool PS = false>
 MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1,
                            MG_SHARED_PTR const T* x1, const MG_DEVICE uint32_t* w2, const MG_DEVICE T* s2,
                            const MG_DEVICE T* b2, MG_SHARED_PTR const T* x2, uint32_t K, uint32_t lane) {
@@ -335,7 +346,8 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
       mg_f2 ac;
       ac.x = a;
       ac.y = c;
-      ac = mg_q4_pair_trip<T, GS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac);
+      ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac,
+                                      (MG_SHARED_PTR const float*)(x1 + K));
       a = ac.x;
       c = ac.y;
       continue;
@@ -354,7 +366,7 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
 // Two 4-bit rows (words w1, w2 with their scales and biases) dotted with one vector, as mg_qwarp_dot2x<T, 4, GS, true>
 // sums them (the same bits), the lane's first round trip given: chunks p0, q0 at k = 32 lane and p1, q1 at k + 1024
 // (those past K unused), which the caller had copied ahead (the gate/up phase, decode_layer.body)
-template <typename T, int GS>
+template <typename T, int GS, bool PS = false>
 MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const MG_DEVICE uint32_t* w1,
                                  const MG_DEVICE T* s1, const MG_DEVICE T* b1, const MG_DEVICE uint32_t* w2,
                                  const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x, uint32_t K,
@@ -363,7 +375,8 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
   ac.x = 0.0f;
   ac.y = 0.0f;
   uint32_t k = lane * 32u;
-  if (k < K) ac = mg_q4_pair_trip<T, GS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac);
+  MG_SHARED_PTR const float* xsum = (MG_SHARED_PTR const float*)(x + K);
+  if (k < K) ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac, xsum);
   for (k += 2048u; k < K; k += 2048u) {
     const bool more = k + 1024u < K;
     const mg_u4 f0 = MG_LOAD_U4_NC(w1 + k / 8u);
@@ -374,7 +387,7 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
       f1 = MG_LOAD_U4_NC(w1 + (k + 1024u) / 8u);
       g1 = MG_LOAD_U4_NC(w2 + (k + 1024u) / 8u);
     }
-    ac = mg_q4_pair_trip<T, GS>(f0, g0, f1, g1, more, k, s1, b1, s2, b2, x, ac);
+    ac = mg_q4_pair_trip<T, GS, PS>(f0, g0, f1, g1, more, k, s1, b1, s2, b2, x, ac, xsum);
   }
   mg_f2 r;
   r.x = mg_lanes_sum(ac.x);
@@ -390,9 +403,10 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
 
 // Lane-group dot of one quantized row with xs: MG_QROW_CHUNKS chunks a lane a round trip, all loaded before
 // the first multiply (a 4-bit row of K <= 4096 is one trip).
-template <typename T, int QB, int GS>
+template <typename T, int QB, int GS, bool PS = false>
 MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, const MG_DEVICE T* b,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
+  MG_SHARED_PTR const float* xsum = (MG_SHARED_PTR const float*)(xs + K);  // (PS, 4 bits: mg_chunk_sums)
   const uint32_t QBS = QB ? (uint32_t)QB : 32u;  // (a dense build never calls this)
   const uint32_t VPC = QBS == 4u ? 32u : 16u;    // values a 16-byte chunk holds
   float a = 0.0f;
@@ -405,19 +419,22 @@ MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, cons
 #pragma unroll
     for (uint32_t j = 0; j < (uint32_t)MG_QROW_CHUNKS; ++j) {
       const uint32_t kj = k + 32u * VPC * j;
-      if (kj < K) a += mg_qchunk_shared<T, QB>(r[j], xs + kj, mg_to_float(s[kj / GS]), mg_to_float(b[kj / GS]));
+      if (kj < K) {
+        a += mg_qchunk_shared<T, QB, PS>(r[j], xs + kj, mg_to_float(s[kj / GS]), mg_to_float(b[kj / GS]),
+                                         PS && QB == 4 ? xsum[kj / 32u] : 0.0f);
+      }
     }
   }
   return mg_lanes_sum(a);
 }
 
-// Row `row` of (w, s, b) dotted with xs
-template <typename T, int QB, int GS>
+// Row `row` of (w, s, b) dotted with xs (PS: a 4-bit row reads the chunks' sums of x after xs, mg_chunk_sums)
+template <typename T, int QB, int GS, bool PS = false>
 MG_FN float mg_wrow_dot(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t row,
                         MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot<T>(w + row * K, xs, K, lane);
   const MG_DEVICE uint32_t* wq = (const MG_DEVICE uint32_t*)w + row * (K * (uint32_t)QB / 32u);
-  return mg_qwarp_dot<T, QB, GS>(wq, s + row * (K / GS), b + row * (K / GS), xs, K, lane);
+  return mg_qwarp_dot<T, QB, GS, PS>(wq, s + row * (K / GS), b + row * (K / GS), xs, K, lane);
 }
 
 // Rows r1 of (w1, s1, b1) and r2 of (w2, s2, b2) dotted with x1 and x2
@@ -432,23 +449,23 @@ MG_FN mg_f2 mg_wrow_dot2x(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG
 }
 
 // Rows r1 and r2 dotted with one vector (gate and up)
-template <typename T, int QB, int GS>
+template <typename T, int QB, int GS, bool PS = false>
 MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1, size_t r1,
                          const MG_DEVICE T* w2, const MG_DEVICE T* s2, const MG_DEVICE T* b2, size_t r2,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot2<T>(w1 + r1 * K, w2 + r2 * K, xs, K, lane);
   const uint32_t KW = K * (uint32_t)QB / 32u;
-  return mg_qwarp_dot2x<T, QB, GS, true>((const MG_DEVICE uint32_t*)w1 + r1 * KW, s1 + r1 * (K / GS), b1 + r1 * (K / GS),
+  return mg_qwarp_dot2x<T, QB, GS, true, PS>((const MG_DEVICE uint32_t*)w1 + r1 * KW, s1 + r1 * (K / GS), b1 + r1 * (K / GS),
                                          xs, (const MG_DEVICE uint32_t*)w2 + r2 * KW, s2 + r2 * (K / GS),
                                          b2 + r2 * (K / GS), xs, K, lane);
 }
 
 // Rows r1 and r2 of one weight dotted with xs, both in flight at once, each summed as mg_wrow_dot sums it
-template <typename T, int QB, int GS>
+template <typename T, int QB, int GS, bool PS = false>
 MG_FN mg_f2 mg_wrow_pair(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t r1, size_t r2,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot_pair<T>(w + r1 * K, w + r2 * K, xs, K, lane);
-  return mg_wrow_dot2<T, QB, GS>(w, s, b, r1, w, s, b, r2, xs, K, lane);
+  return mg_wrow_dot2<T, QB, GS, PS>(w, s, b, r1, w, s, b, r2, xs, K, lane);
 }
 
 // Value i of row `row`, as float (the token's embedding row)
@@ -467,10 +484,24 @@ MG_FN float mg_wrow_get(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEV
 template <typename T>
 MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }
 
+// The sums of a vector's 32-value chunks (xs in shared memory, K a multiple of 32), made once by the group into
+// the K / 32 words after the vector: a 4-bit row's dot (PS) reads its chunk's sum there rather than adding up the
+// chunk's x again for every row (the same bits: mg_q4_chunk_xsum adds them in the order the dot did). The caller
+// holds a barrier before and after.
+template <typename T>
+MG_FN void mg_chunk_sums(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
+  MG_SHARED_PTR float* sums = (MG_SHARED_PTR float*)(xs + K);
+  for (uint32_t c = tid; c < K / 32u; c += 256u) {
+    MG_SHARED_PTR const T* x = xs + 32u * c;
+    sums[c] = mg_q4_chunk_xsum<T>(MG_LOAD_SHARED_U4(x), MG_LOAD_SHARED_U4(x + 8), MG_LOAD_SHARED_U4(x + 16),
+                                  MG_LOAD_SHARED_U4(x + 24));
+  }
+}
+
 // Rows base + r (r < n) of a weight dotted with xs (K long), each rounded to T and added to the residual h[r],
 // rounded again (the plain path's matmul, then its add): lane-group gw of nw takes rows gw, gw + nw, ...;
 // with PAIRS two rows a round trip (r and r + nw), the same bits
-template <typename T, int QB, int GS, bool PAIRS>
+template <typename T, int QB, int GS, bool PAIRS, bool PS = false>
 MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t base,
                                 MG_SHARED_PTR const T* xs, uint32_t K, uint32_t n, MG_DEVICE float* h, uint32_t gw,
                                 uint32_t nw, uint32_t lane) {
@@ -480,7 +511,7 @@ MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, cons
       // (the residual's values asked for with the rows rather than after their dots: a round trip less a row)
       const float h0 = MG_LOAD_CG(h + r);
       const float h1 = MG_LOAD_CG(h + r + nw);
-      const mg_f2 ab = mg_wrow_pair<T, QB, GS>(w, s, b, base + r, base + r + nw, xs, K, lane);
+      const mg_f2 ab = mg_wrow_pair<T, QB, GS, PS>(w, s, b, base + r, base + r + nw, xs, K, lane);
       if (lane == 0) {
         h[r] = mg_round<T>(h0 + mg_round<T>(ab.x));
         h[r + nw] = mg_round<T>(h1 + mg_round<T>(ab.y));
@@ -489,7 +520,7 @@ MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, cons
   }
   for (; r < n; r += nw) {
     const float h0 = MG_LOAD_CG(h + r);
-    const float o = mg_round<T>(mg_wrow_dot<T, QB, GS>(w, s, b, base + r, xs, K, lane));
+    const float o = mg_round<T>(mg_wrow_dot<T, QB, GS, PS>(w, s, b, base + r, xs, K, lane));
     if (lane == 0) h[r] = mg_round<T>(h0 + o);
   }
 }

@@ -53,7 +53,25 @@ struct mg_q4_sums {
 // (not also a shift: 3769 -> 3470 us a qwen3-8b-4bit token, H200, 2026-11-26); the products of each
 // position i are summed apart and scaled by 16^-i once a chunk, and x is unpacked and summed once for both
 // rows.
-template <typename T, bool TWO>
+// The sum of a 4-bit chunk's 32 values of x, in the order mg_q4_chunk_inplace adds them (the same bits)
+template <typename T>
+MG_FN float mg_q4_chunk_xsum(mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
+  float sx = 0.0f;
+  const mg_u4 xs[4] = {x0, x1, x2, x3};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t xw[4] = {xs[j].x, xs[j].y, xs[j].z, xs[j].w};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const mg_f2 xv = mg_unpack2<T>(xw[t]);
+      sx += xv.x + xv.y;
+    }
+  }
+  return sx;
+}
+
+// (SX false: the caller has the chunk's sum of x from elsewhere, and sx is left 0)
+template <typename T, bool TWO, bool SX = true>
 MG_FN mg_q4_sums mg_q4_chunk_inplace(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
   float c[8];
   float e[8];
@@ -80,7 +98,7 @@ MG_FN mg_q4_sums mg_q4_chunk_inplace(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_
         e[2 * t] += xv.x * (float)(wb[j] & lo);
         e[2 * t + 1] += xv.y * (float)(wb[j] & hi);
       }
-      sx += xv.x + xv.y;
+      if (SX) sx += xv.x + xv.y;
     }
   }
   mg_q4_sums r;
