@@ -98,6 +98,8 @@ MG_FN mg_q4_sums mg_q4_chunk_inplace(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_
         e[2 * t] += xv.x * (float)(wb[j] & lo);
         e[2 * t + 1] += xv.y * (float)(wb[j] & hi);
       }
+      // (the sum in line with the products: mg_q4_chunk_xsum gives the same bits apart, and the host test holds
+      // the two to that; calling it here instead reorders this function's code and its registers)
       if (SX) sx += xv.x + xv.y;
     }
   }
