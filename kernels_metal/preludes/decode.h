@@ -300,15 +300,17 @@ MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, u
                             mg_f2 ac, MG_SHARED_PTR const float* xsum) {
   float a = ac.x;
   float c = ac.y;
-  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true, !PS>(p0, q0, MG_LOAD_SHARED_U4(x + k), MG_LOAD_SHARED_U4(x + k + 8),
-                                                          MG_LOAD_SHARED_U4(x + k + 16), MG_LOAD_SHARED_U4(x + k + 24));
+  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true, !PS>(p0, q0, MG_LOAD_SHARED_U4(x + k),
+                                                          MG_LOAD_SHARED_U4(x + k + 8), MG_LOAD_SHARED_U4(x + k + 16),
+                                                          MG_LOAD_SHARED_U4(x + k + 24));
   const float sx0 = PS ? xsum[k / 32u] : d0.sx;
   a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * sx0;
   c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * sx0;
   if (more) {
     const uint32_t k2 = k + 1024u;
     const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true, !PS>(p1, q1, MG_LOAD_SHARED_U4(x + k2),
-                                                            MG_LOAD_SHARED_U4(x + k2 + 8), MG_LOAD_SHARED_U4(x + k2 + 16),
+                                                            MG_LOAD_SHARED_U4(x + k2 + 8),
+                                                            MG_LOAD_SHARED_U4(x + k2 + 16),
                                                             MG_LOAD_SHARED_U4(x + k2 + 24));
     const float sx1 = PS ? xsum[k2 / 32u] : d1.sx;
     a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * sx1;
@@ -455,9 +457,9 @@ MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot2<T>(w1 + r1 * K, w2 + r2 * K, xs, K, lane);
   const uint32_t KW = K * (uint32_t)QB / 32u;
-  return mg_qwarp_dot2x<T, QB, GS, true, PS>((const MG_DEVICE uint32_t*)w1 + r1 * KW, s1 + r1 * (K / GS), b1 + r1 * (K / GS),
-                                         xs, (const MG_DEVICE uint32_t*)w2 + r2 * KW, s2 + r2 * (K / GS),
-                                         b2 + r2 * (K / GS), xs, K, lane);
+  return mg_qwarp_dot2x<T, QB, GS, true, PS>((const MG_DEVICE uint32_t*)w1 + r1 * KW, s1 + r1 * (K / GS),
+                                             b1 + r1 * (K / GS), xs, (const MG_DEVICE uint32_t*)w2 + r2 * KW,
+                                             s2 + r2 * (K / GS), b2 + r2 * (K / GS), xs, K, lane);
 }
 
 // Rows r1 and r2 of one weight dotted with xs, both in flight at once, each summed as mg_wrow_dot sums it

@@ -48,28 +48,26 @@ struct mg_q4_sums {
   float sx;
 };
 
+// The sum of a 4-bit chunk's 32 values of x, in the order mg_q4_chunk_inplace adds them (word by word, each
+// word's pair first: the same bits, which tests/test_kernels_qdot.py holds them to)
+template <typename T>
+MG_FN float mg_q4_chunk_xsum(mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
+  const uint32_t w[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                          x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+  float sx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const mg_f2 v = mg_unpack2<T>(w[i]);
+    sx += v.x + v.y;
+  }
+  return sx;
+}
+
 // 4 bits, one chunk of one or two rows (TWO) against the same x, codes read where they lie: code i of a
 // word masked in place is 16^i q, an exact float, so a code costs a mask, a conversion and a multiply-add
 // (not also a shift: 3769 -> 3470 us a qwen3-8b-4bit token, H200, 2026-11-26); the products of each
 // position i are summed apart and scaled by 16^-i once a chunk, and x is unpacked and summed once for both
 // rows.
-// The sum of a 4-bit chunk's 32 values of x, in the order mg_q4_chunk_inplace adds them (the same bits)
-template <typename T>
-MG_FN float mg_q4_chunk_xsum(mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
-  float sx = 0.0f;
-  const mg_u4 xs[4] = {x0, x1, x2, x3};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t xw[4] = {xs[j].x, xs[j].y, xs[j].z, xs[j].w};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const mg_f2 xv = mg_unpack2<T>(xw[t]);
-      sx += xv.x + xv.y;
-    }
-  }
-  return sx;
-}
-
 // (SX false: the caller has the chunk's sum of x from elsewhere, and sx is left 0)
 template <typename T, bool TWO, bool SX = true>
 MG_FN mg_q4_sums mg_q4_chunk_inplace(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
