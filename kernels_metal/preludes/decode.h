@@ -271,6 +271,13 @@ MG_FN void mg_norm_staged(MG_SHARED_PTR T* xs, mg_norm_chunks<N> wv, float r, ui
 // build compiles to exactly the dense helpers above (a quantized build's `w` is its words, cast). Needs
 // preludes/qdot.h.
 
+// Where a K-long vector in shared memory keeps its 32-value chunks' sums (mg_chunk_sums writes them, a 4-bit row's
+// dot with PS reads them): the K / 32 words right after its values
+template <typename T>
+MG_FN MG_SHARED_PTR float* mg_chunk_sums_of(MG_SHARED_PTR const T* xs, uint32_t K) {
+  return (MG_SHARED_PTR float*)(xs + K);
+}
+
 // One lane's chunk of a quantized row (VPC values at x, in shared memory), scaled by its group's s and b
 // (PS, 4 bits: the chunk's sum of x is sx, from mg_chunk_sums, not added up again here)
 template <typename T, int QB, bool PS = false>
@@ -324,7 +331,7 @@ MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, u
 // Lane-group dots of two quantized rows with two vectors in shared memory (SAME: both rows take x1, whose
 // values are then unpacked and summed once); each lane's chunks of both rows are loaded before the first
 // multiply, two chunks a row a round trip (a 4-bit row of K <= 2048 is one). PS (SAME, 4 bits): the chunks' sums
-// of x are at x1 + K (mg_chunk_sums).
+// of x are at mg_chunk_sums_of(x1, K).
 template <typename T, int QB, int GS, bool SAME, bool PS = false>
 MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1,
                            MG_SHARED_PTR const T* x1, const MG_DEVICE uint32_t* w2, const MG_DEVICE T* s2,
@@ -348,8 +355,7 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
       mg_f2 ac;
       ac.x = a;
       ac.y = c;
-      ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac,
-                                      (MG_SHARED_PTR const float*)(x1 + K));
+      ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac, mg_chunk_sums_of<T>(x1, K));
       a = ac.x;
       c = ac.y;
       continue;
@@ -377,7 +383,7 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
   ac.x = 0.0f;
   ac.y = 0.0f;
   uint32_t k = lane * 32u;
-  MG_SHARED_PTR const float* xsum = (MG_SHARED_PTR const float*)(x + K);
+  MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(x, K);
   if (k < K) ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac, xsum);
   for (k += 2048u; k < K; k += 2048u) {
     const bool more = k + 1024u < K;
@@ -408,7 +414,7 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
 template <typename T, int QB, int GS, bool PS = false>
 MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, const MG_DEVICE T* b,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
-  MG_SHARED_PTR const float* xsum = (MG_SHARED_PTR const float*)(xs + K);  // (PS, 4 bits: mg_chunk_sums)
+  MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(xs, K);  // (PS, 4 bits)
   const uint32_t QBS = QB ? (uint32_t)QB : 32u;  // (a dense build never calls this)
   const uint32_t VPC = QBS == 4u ? 32u : 16u;    // values a 16-byte chunk holds
   float a = 0.0f;
@@ -487,12 +493,12 @@ template <typename T>
 MG_FN float mg_round(float x) { return mg_to_float(mg_from_float<T>(x)); }
 
 // The sums of a vector's 32-value chunks (xs in shared memory, K a multiple of 32), made once by the group into
-// the K / 32 words after the vector: a 4-bit row's dot (PS) reads its chunk's sum there rather than adding up the
+// mg_chunk_sums_of(xs, K): a 4-bit row's dot (PS) reads its chunk's sum there rather than adding up the
 // chunk's x again for every row (the same bits: mg_q4_chunk_xsum adds them in the order the dot did). The caller
 // holds a barrier before and after.
 template <typename T>
 MG_FN void mg_chunk_sums(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
-  MG_SHARED_PTR float* sums = (MG_SHARED_PTR float*)(xs + K);
+  MG_SHARED_PTR float* sums = mg_chunk_sums_of<T>(xs, K);
   for (uint32_t c = tid; c < K / 32u; c += 256u) {
     MG_SHARED_PTR const T* x = xs + 32u * c;
     sums[c] = mg_q4_chunk_xsum<T>(MG_LOAD_SHARED_U4(x), MG_LOAD_SHARED_U4(x + 8), MG_LOAD_SHARED_U4(x + 16),
