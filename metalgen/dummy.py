@@ -120,6 +120,9 @@ SHAPES: Dict[str, Dict[str, Any]] = {
     "qwen3.5-397b-a17b": _hybrid_moe("qwen3_5_moe", 4096, 60, 32, 2, 16, 64, _QWEN35_VOCAB, 512, 10, 1024, 1024),
     # Small enough for tests and a quick look on any machine.
     "tiny-qwen3": _qwen3(128, 2, 4, 2, 256) | {"head_dim": 32, "max_position_embeddings": 2048},
+    # qwen3-8b's widths in two layers: where the dense 4-bit kernels make each phase's chunk sums of x once
+    # (H >= 4096, docs/decode.md), in a model quick to build
+    "tiny-qwen3-h4096": _qwen3(4096, 2, 32, 8, 12288) | {"max_position_embeddings": 2048},
     # 7 query heads of 128 on one KV head (Qwen2.5-7B's 28 / 4): where the decode kernels' attention items
     # take 2 query heads of a KV head each (long contexts), the last item of a split takes 1
     "tiny-qwen2-gqa7": _qwen2(896, 2, 7, 1, 256) | {"max_position_embeddings": 2048},

@@ -405,8 +405,10 @@ def assert_close_except_near_ties(ok, gaps):
 
 @pytest.mark.gpu
 # tiny-qwen3-moe-4bit: dense layer 1 and two sparse layers, hidden 128 (two groups a row)
+# (tiny-qwen3-h4096-4bit: H 4096, where the dense 4-bit kernels read each chunk's sum of x made once a phase)
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit",
-                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen3-0.6b-8bit-g32"])
+                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen3-0.6b-8bit-g32",
+                                   "tiny-qwen3-h4096-4bit"])
 def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
     # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
     import kernels_metal
@@ -424,7 +426,7 @@ def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["qwen3-0.6b-4bit", "qwen3-0.6b-8bit-g32", "tiny-qwen3-moe-4bit", "tiny-qwen3-next-4bit",
-                                   "tiny-qwen3.5-8bit"])
+                                   "tiny-qwen3.5-8bit", "tiny-qwen3-h4096-4bit"])
 def test_gpu_quantized_fused_equals_megakernel_bitwise(shape):
     # the fused path's quantized launches (Metal's form of the decode; run here on CUDA) and the megakernel
     # share the body: the same logits bit for bit, which ties the fused form to the megakernel's checks above
