@@ -289,9 +289,10 @@ def test_gpu_paths_match_plain(shape, mode, grouped, monkeypatch):
     assert max(vs_plain) < 2e-2 or max(fast32) <= 1.25 * max(plain32)
 
 
-def largest_gap_between(model, modes, prompt_tokens: int, steps: int) -> float:
+def largest_gap_between(model, modes, prompt_tokens: int, steps: int, second=None) -> float:
     """The two decode paths `modes` from one seeded prompt (each prefilled on its own cache), fed the first
-    path's greedy tokens: the largest absolute logit difference over `steps` steps."""
+    path's greedy tokens: the largest absolute logit difference over `steps` steps. `second(model, step)`, if
+    given, makes the second path's step function from the one its mode gave (another build of its kernel)."""
     import numpy as np
 
     from metalgen.cache import make_prompt_cache
@@ -304,6 +305,8 @@ def largest_gap_between(model, modes, prompt_tokens: int, steps: int) -> float:
         logits = model.logits(model.hidden(prompt[None], cache=cache)[:, -1, :])
         mx.eval(logits, [c.state for c in cache])
         fast.append(make_step(model, cache, prompt_tokens, 64, mode))
+    if second is not None:
+        fast[1] = second(model, fast[1])
     tok = mx.argmax(logits, axis=-1).astype(mx.int32)
     worst = 0.0
     for _ in range(steps):
@@ -405,10 +408,8 @@ def assert_close_except_near_ties(ok, gaps):
 
 @pytest.mark.gpu
 # tiny-qwen3-moe-4bit: dense layer 1 and two sparse layers, hidden 128 (two groups a row)
-# (tiny-qwen3-h4096-4bit: H 4096, where the dense 4-bit kernels read each chunk's sum of x made once a phase)
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe-4bit", "tiny-qwen2-moe-8bit", "qwen3-0.6b-4bit", "qwen3-0.6b-8bit",
-                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen3-0.6b-8bit-g32",
-                                   "tiny-qwen3-h4096-4bit"])
+                                   "qwen3-0.6b-4bit-g32", "qwen3-0.6b-4bit-g128", "qwen3-0.6b-8bit-g32"])
 def test_gpu_quantized_megakernel_matches_plain(shape, router_gaps):
     # the MLX-quantized weights read in registers: the megakernel against plain on the same weights
     import kernels_metal
@@ -436,6 +437,35 @@ def test_gpu_quantized_fused_equals_megakernel_bitwise(shape):
         pytest.skip("CUDA only")
     with mlx_jit_gap():  # the hybrid 4-bit prefill's qmm_sm90 kernel on the H200 image
         assert largest_gap_between(load(f"dummy:{shape}")[0], ("fused", "megakernel"), 150, 20) == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fused", "megakernel"])
+def test_gpu_chunk_sums_keep_the_bits(mode, monkeypatch):
+    # at H 4096 the dense 4-bit rows read each chunk's sum of x, made once a phase (QPS, decode_layer.body); the
+    # same kernel built without them (MG_CHUNK_SUMS 0), its rows adding up x themselves, gives the same logits
+    import dataclasses
+
+    import kernels_metal
+    from kernels_metal import source as S
+    from metalgen.decode.path import step_on
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+
+    def without_sums(model, step):
+        dec = step.decoder
+        other = type(dec)(dec.w, dec.blocks, dec.version)
+        specs = S.CUDA_ONLY_SPECS if dec.kernel_name in S.CUDA_ONLY_SPECS else S.SPECS
+        spec = specs[dec.kernel_name]
+        name = f"{spec.name}__no_chunk_sums"
+        monkeypatch.setitem(specs, name, dataclasses.replace(spec, name=name,
+                                                             defines=spec.defines + (("MG_CHUNK_SUMS", 0),)))
+        other.kernel_name = name
+        return step_on(model, other, step.state)
+
+    model = load("dummy:tiny-qwen3-h4096-4bit")[0]
+    assert largest_gap_between(model, (mode, mode), 150, 20, second=without_sums) == 0.0
 
 
 @pytest.mark.gpu
