@@ -34,6 +34,10 @@ QGEMV_MIN_WEIGHTS_ROW1 = 64 * 1024 * 1024
 DENSE_GEMV = False  # set True to route dense decode products to the GEMV kernel anyway
 
 
+# rows of W a lane-group of the quantized GEMV takes (gemv.body's R; docs/kernels.md, H200 2026-11-27)
+QGEMV_ROWS = 4
+
+
 def use_gemv(quantized: bool, rows: int, K: int, N: int) -> bool:
     """The matmul dispatch rule (docs/kernels.md): True where the GEMV kernel is used. Measured on
     CUDA only; Metal applies the same rule until it is measured there."""
@@ -414,7 +418,7 @@ def gemv(x, weight, bias=None):
     name = "gemv_bias" if bias is not None else "gemv"
     inputs = [x, weight] + ([bias] if bias is not None else []) + [_i32(K, N)]
     return _run(name, (x.dtype, M), lambda: ref.linear(x, weight, bias), inputs=inputs,
-                template=[("T", x.dtype), ("M", M), ("NW", NW)], grid=(-(-N // NW) * 32 * NW, 1, 1),
+                template=[("T", x.dtype), ("M", M), ("NW", NW), ("R", 1)], grid=(-(-N // NW) * 32 * NW, 1, 1),
                 threadgroup=(32 * NW, 1, 1), output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
 
 
@@ -433,17 +437,19 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
     return gemv_quantized(x, w, scales, biases, group_size, bits, bias)
 
 
-def gemv_quantized(x, w, scales, biases, group_size, bits, bias=None):
+def gemv_quantized(x, w, scales, biases, group_size, bits, bias=None, rows=None):
+    """x @ W.T for MLX-quantized W through the GEMV kernel, `rows` (default QGEMV_ROWS) rows of W a lane-group."""
     K = x.shape[-1]
     N = w.shape[0]
     M = _rows(x)
     NW = 4
+    R = rows or QGEMV_ROWS
     name = f"gemv_q{bits}" + ("_bias" if bias is not None else "")
     inputs = [x, w, scales, biases] + ([bias] if bias is not None else []) + [_i32(K, N)]
-    return _run(name, (x.dtype, scales.dtype, M, group_size),
+    return _run(name, (x.dtype, scales.dtype, M, group_size, R),
                 lambda: ref.quantized_linear(x, w, scales, biases, group_size, bits, bias), inputs=inputs,
-                template=[("T", x.dtype), ("M", M), ("NW", NW), ("S", scales.dtype), ("GS", group_size)],
-                grid=(-(-N // NW) * 32 * NW, 1, 1), threadgroup=(32 * NW, 1, 1),
+                template=[("T", x.dtype), ("M", M), ("NW", NW), ("R", R), ("S", scales.dtype), ("GS", group_size)],
+                grid=(-(-N // (NW * R)) * 32 * NW, 1, 1), threadgroup=(32 * NW, 1, 1),
                 output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
 
 

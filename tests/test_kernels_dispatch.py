@@ -323,6 +323,23 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert tok.tolist() == rt.tolist() and ns.tolist() == rns.tolist() and rel(lp, rl) < 1e-5
 
 
+def test_quantized_gemv_rows_keep_the_bits(monkeypatch):
+    # R rows of W a lane-group (gemv.body) sum each row as a lane-group of one row does: every R gives R = 1's
+    # bits, with N not a multiple of a group's rows (on the CPU the reference runs for every R)
+    monkeypatch.setattr(gpu, "_STATUS", {})
+    for bits in (4, 8):
+        w = rnd((150, 512), s=0.05)
+        wq, s, b = mx.quantize(w, group_size=64, bits=bits)
+        for M in (1, 3):
+            x = rnd((M, 512))
+            base = gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=1)
+            assert rel(base, ref.quantized_linear(x, wq, s, b, 64, bits)) < 1e-2
+            for R in (2, 4, 8):
+                assert mx.array_equal(gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=R), base), (bits, M, R)
+    if K.backend() == "cuda":
+        assert all(gpu.status().values())  # the kernels ran, none fell back
+
+
 def test_quantized_rows_reach_the_matmul_as_one_matrix(monkeypatch):
     # a batched decode step's (B, 1, K): one product of B rows (MLX's CUDA backend runs B one-row products
     # of a 3-D x, each reading every weight), the caller's shape back, the same values
