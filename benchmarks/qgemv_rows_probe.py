@@ -1,11 +1,13 @@
-"""The quantized GEMV (gemv.body) with R rows of W a lane-group, against R = 1 and mx.quantized_matmul, at the
-vocabulary heads and the dispatch rule's shapes: us a call (kernels_metal.check's bench: 20 calls queued, median
-of 7), the bytes read a second, and whether every R gives R = 1's bits.
+"""The GEMV (gemv.body) with R rows of W a lane-group, against R = 1 and MLX's own product (quantized: at the
+vocabulary heads and the dispatch rule's shapes, against mx.quantized_matmul; with --dense, bf16 at the heads
+against mx.matmul): us a call (kernels_metal.check's bench: 20 calls queued, median of 7), the bytes read a
+second, and whether every R gives R = 1's bits.
 
-    PYTHONPATH=. python3 benchmarks/qgemv_rows_probe.py [--rows 1,2,4,8] [--bits 4,8] [--m 1,4] [--models a,b]
+    PYTHONPATH=. python3 benchmarks/qgemv_rows_probe.py [--rows 1,2,4,8] [--bits 4,8] [--m 1,4] [--models a,b] [--dense]
 
 With --models (dummy shapes), also the pipelined greedy token of each (the megakernel, its LM head through the
-GEMV) with gpu.QGEMV_ROWS at each R, twice over, in one process (benchmarks/decode_step_probe.py's timing).
+GEMV) with gpu.QGEMV_ROWS at each R, twice over, in one process (benchmarks/decode_step_probe.py's timing); with
+--dense, the head through mx.matmul (R0) and through the dense GEMV at each R.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ def main():
     ap.add_argument("--m", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4])
     ap.add_argument("--models", type=lambda v: [x for x in v.split(",") if x], default=[])
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--dense", action="store_true",
+                    help="the dense GEMV (bf16) at the heads against mx.matmul instead, and with --models the token "
+                         "with the head through mx.matmul (R0) or the dense GEMV at each R")
     args = ap.parse_args()
+    if args.dense:
+        dense(args.rows, args.m)
+        if args.models:
+            tokens(args.models, [0] + args.rows, args.tokens, dense=True)
+        return
     if args.models:
         tokens(args.models, args.rows, args.tokens)
     for bits in args.bits:
@@ -49,7 +59,22 @@ def main():
                 print(f"q{bits} M{M} K{K:5d} N{N:6d}: " + "  ".join(cells), flush=True)
 
 
-def tokens(models, rows, n):
+def dense(rows, ms):
+    for K, N in SHAPES[:4]:
+        w = rnd((N, K), mx.bfloat16, 0.05)
+        for M in ms:
+            x = rnd((M, K))
+            base = gpu.gemv(x, w, rows=1)
+            t_mlx = bench(lambda: x @ w.T)
+            cells = [f"matmul {t_mlx * 1e6:7.1f} ({w.nbytes / t_mlx / 1e12:.2f} TB/s)"]
+            for R in rows:
+                same = bool(mx.array_equal(gpu.gemv(x, w, rows=R), base).item())
+                t = bench(lambda: gpu.gemv(x, w, rows=R))
+                cells.append(f"R{R} {t * 1e6:7.1f} ({w.nbytes / t / 1e12:.2f} TB/s{'' if same else ', OTHER BITS'})")
+            print(f"bf16 M{M} K{K:5d} N{N:6d}: " + "  ".join(cells), flush=True)
+
+
+def tokens(models, rows, n, dense=False):
     import sys
     from pathlib import Path
 
@@ -58,6 +83,7 @@ def tokens(models, rows, n):
 
     from metalgen.api import load
 
+    qrows = gpu.QGEMV_ROWS
     for shape in models:
         model, _ = load(f"dummy:{shape}")
         step, first = fresh(model, 4 * len(rows) * n + 16)
@@ -68,9 +94,17 @@ def tokens(models, rows, n):
         cells = []
         for rnd_ in range(2):
             for R in rows:
-                gpu.QGEMV_ROWS = R
-                cells.append(f"R{R} {pipelined(full, first, n):7.1f}")
-        gpu.QGEMV_ROWS = 1
+                real = gpu.gemv
+                if dense:
+                    # (R 0: the head through mx.matmul, the dispatch rule's choice; R > 0: the dense GEMV forced)
+                    gpu.DENSE_GEMV = R > 0
+                    gpu.gemv = lambda x, w, b=None, rows=None, _R=R or 1, _g=real: _g(x, w, b, rows=_R)
+                else:
+                    gpu.QGEMV_ROWS = R
+                try:
+                    cells.append(f"R{R} {pipelined(full, first, n):7.1f}")
+                finally:
+                    gpu.gemv, gpu.QGEMV_ROWS, gpu.DENSE_GEMV = real, qrows, False
         print(f"{shape}: us a pipelined greedy token, " + "  ".join(cells), flush=True)
 
 

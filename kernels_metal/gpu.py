@@ -410,15 +410,17 @@ def linear(x, weight, bias=None):
     return gemv(x, weight, bias)
 
 
-def gemv(x, weight, bias=None):
+def gemv(x, weight, bias=None, rows=None):
+    """x @ W.T (+ bias) for a dense W through the GEMV kernel, `rows` (default 1) rows of W a lane-group."""
     K = x.shape[-1]
     N = weight.shape[0]
     M = _rows(x)
     NW = 4
+    R = rows or 1
     name = "gemv_bias" if bias is not None else "gemv"
     inputs = [x, weight] + ([bias] if bias is not None else []) + [_i32(K, N)]
-    return _run(name, (x.dtype, M), lambda: ref.linear(x, weight, bias), inputs=inputs,
-                template=[("T", x.dtype), ("M", M), ("NW", NW), ("R", 1)], grid=(-(-N // NW) * 32 * NW, 1, 1),
+    return _run(name, (x.dtype, M, R), lambda: ref.linear(x, weight, bias), inputs=inputs,
+                template=[("T", x.dtype), ("M", M), ("NW", NW), ("R", R)], grid=(-(-N // (NW * R)) * 32 * NW, 1, 1),
                 threadgroup=(32 * NW, 1, 1), output_shapes=[x.shape[:-1] + (N,)], output_dtypes=[x.dtype])[0]
 
 

@@ -323,10 +323,17 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     assert tok.tolist() == rt.tolist() and ns.tolist() == rns.tolist() and rel(lp, rl) < 1e-5
 
 
-def test_quantized_gemv_rows_keep_the_bits(monkeypatch):
+def test_gemv_rows_keep_the_bits(monkeypatch):
     # R rows of W a lane-group (gemv.body) sum each row as a lane-group of one row does: every R gives R = 1's
     # bits, with N not a multiple of a group's rows (on the CPU the reference runs for every R)
     monkeypatch.setattr(gpu, "_STATUS", {})
+    w = rnd((150, 512), s=0.05)
+    for M in (1, 3):
+        x = rnd((M, 512))
+        base = gpu.gemv(x, w, rows=1)
+        assert rel(base, ref.linear(x, w)) < 1e-2
+        for R in (2, 4, 8):
+            assert mx.array_equal(gpu.gemv(x, w, rows=R), base), (M, R)
     for bits in (4, 8):
         w = rnd((150, 512), s=0.05)
         wq, s, b = mx.quantize(w, group_size=64, bits=bits)
