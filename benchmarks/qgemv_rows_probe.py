@@ -48,15 +48,23 @@ def main():
             nbytes = wq.nbytes + s.nbytes + b.nbytes
             for M in args.m:
                 x = rnd((M, K))
-                base = gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=1)
-                t_mlx = bench(lambda: mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=bits))
-                cells = [f"mlx {t_mlx * 1e6:7.1f}"]
-                for R in args.rows:
-                    y = gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=R)
-                    same = bool(mx.array_equal(y, base).item())
-                    t = bench(lambda: gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=R))
-                    cells.append(f"R{R} {t * 1e6:7.1f} ({nbytes / t / 1e12:.2f} TB/s{'' if same else ', OTHER BITS'})")
+                cells = row_cells(lambda R: gpu.gemv_quantized(x, wq, s, b, 64, bits, rows=R), args.rows, nbytes,
+                                  "mlx", lambda: mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64,
+                                                                     bits=bits))
                 print(f"q{bits} M{M} K{K:5d} N{N:6d}: " + "  ".join(cells), flush=True)
+
+
+def row_cells(ours, rows, nbytes, label, theirs):
+    """The cells of one product: MLX's (`theirs`) time, then ours (`ours(R)`) at each R, with the bytes read a
+    second and whether R gave R = 1's bits."""
+    base = ours(1)
+    t = bench(theirs)
+    cells = [f"{label} {t * 1e6:7.1f} ({nbytes / t / 1e12:.2f} TB/s)"]
+    for R in rows:
+        same = bool(mx.array_equal(ours(R), base).item())
+        t = bench(lambda: ours(R))
+        cells.append(f"R{R} {t * 1e6:7.1f} ({nbytes / t / 1e12:.2f} TB/s{'' if same else ', OTHER BITS'})")
+    return cells
 
 
 def dense(rows, ms):
@@ -64,13 +72,7 @@ def dense(rows, ms):
         w = rnd((N, K), mx.bfloat16, 0.05)
         for M in ms:
             x = rnd((M, K))
-            base = gpu.gemv(x, w, rows=1)
-            t_mlx = bench(lambda: x @ w.T)
-            cells = [f"matmul {t_mlx * 1e6:7.1f} ({w.nbytes / t_mlx / 1e12:.2f} TB/s)"]
-            for R in rows:
-                same = bool(mx.array_equal(gpu.gemv(x, w, rows=R), base).item())
-                t = bench(lambda: gpu.gemv(x, w, rows=R))
-                cells.append(f"R{R} {t * 1e6:7.1f} ({w.nbytes / t / 1e12:.2f} TB/s{'' if same else ', OTHER BITS'})")
+            cells = row_cells(lambda R: gpu.gemv(x, w, rows=R), rows, w.nbytes, "matmul", lambda: x @ w.T)
             print(f"bf16 M{M} K{K:5d} N{N:6d}: " + "  ".join(cells), flush=True)
 
 
@@ -83,7 +85,7 @@ def tokens(models, rows, n, dense=False):
 
     from metalgen.api import load
 
-    qrows = gpu.QGEMV_ROWS
+    qrows, drows = gpu.QGEMV_ROWS, gpu.DENSE_GEMV_ROWS
     for shape in models:
         model, _ = load(f"dummy:{shape}")
         step, first = fresh(model, 4 * len(rows) * n + 16)
@@ -92,19 +94,17 @@ def tokens(models, rows, n, dense=False):
             return mx.argmax(step(t), axis=-1).astype(mx.int32)
 
         cells = []
-        for rnd_ in range(2):
+        for _ in range(2):
             for R in rows:
-                real = gpu.gemv
                 if dense:
                     # (R 0: the head through mx.matmul, the dispatch rule's choice; R > 0: the dense GEMV forced)
-                    gpu.DENSE_GEMV = R > 0
-                    gpu.gemv = lambda x, w, b=None, rows=None, _R=R or 1, _g=real: _g(x, w, b, rows=_R)
+                    gpu.DENSE_GEMV, gpu.DENSE_GEMV_ROWS = R > 0, R or 1
                 else:
                     gpu.QGEMV_ROWS = R
                 try:
                     cells.append(f"R{R} {pipelined(full, first, n):7.1f}")
                 finally:
-                    gpu.gemv, gpu.QGEMV_ROWS, gpu.DENSE_GEMV = real, qrows, False
+                    gpu.QGEMV_ROWS, gpu.DENSE_GEMV, gpu.DENSE_GEMV_ROWS = qrows, False, drows
         print(f"{shape}: us a pipelined greedy token, " + "  ".join(cells), flush=True)
 
 

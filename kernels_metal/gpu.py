@@ -32,6 +32,8 @@ GEMV_MAX_ROWS = 4
 QGEMV_MIN_WEIGHTS_ROWS34 = 16 * 1024 * 1024
 QGEMV_MIN_WEIGHTS_ROW1 = 64 * 1024 * 1024
 DENSE_GEMV = False  # set True to route dense decode products to the GEMV kernel anyway
+# rows of W a lane-group of the dense GEMV takes (4 was no faster against mx.matmul's heads, docs/kernels.md)
+DENSE_GEMV_ROWS = 1
 
 
 # rows of W a lane-group of the quantized GEMV takes (gemv.body's R; docs/kernels.md, H200 2026-11-27)
@@ -411,12 +413,13 @@ def linear(x, weight, bias=None):
 
 
 def gemv(x, weight, bias=None, rows=None):
-    """x @ W.T (+ bias) for a dense W through the GEMV kernel, `rows` (default 1) rows of W a lane-group."""
+    """x @ W.T (+ bias) for a dense W through the GEMV kernel, `rows` (default DENSE_GEMV_ROWS) rows of W a
+    lane-group."""
     K = x.shape[-1]
     N = weight.shape[0]
     M = _rows(x)
     NW = 4
-    R = rows or 1
+    R = rows or DENSE_GEMV_ROWS
     name = "gemv_bias" if bias is not None else "gemv"
     inputs = [x, weight] + ([bias] if bias is not None else []) + [_i32(K, N)]
     return _run(name, (x.dtype, M, R), lambda: ref.linear(x, weight, bias), inputs=inputs,
