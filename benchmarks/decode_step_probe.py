@@ -21,7 +21,6 @@ gpu.py's parameter blocks.)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import mlx.core as mx
@@ -46,14 +45,8 @@ def variant(model, step, label: str, defines):
     state, and a step function for it."""
     base_dec = step.decoder
     dec = type(base_dec)(base_dec.w, base_dec.blocks, base_dec.version)
-    base = S.CUDA_ONLY_SPECS[base_dec.kernel_name]
-    name = f"{base.name}__{label}"
-    body = dict(defines).pop("@", base.body)
-    defines = [d for d in defines if d[0] != "@"]
-    if name not in S.CUDA_ONLY_SPECS:
-        kept = tuple(d for d in base.defines if d[0] not in dict(defines))
-        S.CUDA_ONLY_SPECS[name] = dataclasses.replace(base, name=name, body=body, defines=kept + tuple(defines))
-    dec.kernel_name = name
+    body = dict(defines).get("@")
+    dec.kernel_name = S.with_defines(base_dec.kernel_name, label, [d for d in defines if d[0] != "@"], body)
     state = step.state
     return dec, state, lambda t: model.logits(dec.step(state, t))
 

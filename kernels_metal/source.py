@@ -338,6 +338,20 @@ CUDA_ONLY_SPECS["magpie_decoder_megakernel"] = _spec(
     [("MG_GRID", 1)], ("magpie_decoder.h",), dtypes=MAGPIE_DEC_DTYPES, out=[bf16, f32, u32], tmpl=MAGPIE_DEC_357M)
 KERNELS = KERNELS + ("magpie_decoder",)
 
+def with_defines(name: str, label: str, defines=(), body=None) -> str:
+    """A copy of spec `name` built otherwise, registered beside it (in SPECS or CUDA_ONLY_SPECS) as
+    `<name>__<label>`: `defines` replace or add to its #defines, and `body` (a bodies/ name) replaces its body.
+    Returns the copy's name. For timing a kernel against another build of it and for tests that hold two builds
+    to the same bits (benchmarks/decode_step_probe.py --variants, tests/test_decode_paths.py)."""
+    table = CUDA_ONLY_SPECS if name in CUDA_ONLY_SPECS else SPECS
+    new = f"{name}__{label}"
+    if new not in table:
+        base = table[name]
+        kept = tuple(d for d in base.defines if d[0] not in dict(defines))
+        table[new] = replace(base, name=new, body=body or base.body, defines=kept + tuple(defines))
+    return new
+
+
 def header(spec: KernelSpec, backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(backend)

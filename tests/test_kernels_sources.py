@@ -157,3 +157,21 @@ def test_metal_decode_group_memory_fits(tmp_path, name):
     usage = [int(line.split("\t")[1]) for line in (tmp_path / f"{name}.su").read_text().splitlines()
              if "custom_kernel_" + name in line]
     assert usage and 0 < max(usage) <= METAL_GROUP_BYTES, usage
+
+
+def test_a_build_with_other_defines_sits_beside_its_spec():
+    # with_defines: the copy replaces the define it names and keeps the others; the spec it came from is untouched
+    base = S.CUDA_ONLY_SPECS["decode_megakernel_q"]
+    name = S.with_defines("decode_megakernel_q", "test_no_sums", [("MG_CHUNK_SUMS", 0), ("MG_GRID", 1)])
+    try:
+        assert name == "decode_megakernel_q__test_no_sums" and name in S.CUDA_ONLY_SPECS
+        copy = dict(S.CUDA_ONLY_SPECS[name].defines)
+        assert copy["MG_CHUNK_SUMS"] == 0 and copy["MG_QUANT"] == dict(base.defines)["MG_QUANT"]
+        assert [k for k, _ in S.CUDA_ONLY_SPECS[name].defines].count("MG_GRID") == 1
+        assert "#define MG_CHUNK_SUMS 0" in S.header(S.CUDA_ONLY_SPECS[name], "cuda")
+        assert "MG_CHUNK_SUMS" not in dict(base.defines) and S.CUDA_ONLY_SPECS["decode_megakernel_q"] is base
+        fused = S.with_defines("decode_layer_q", "test_no_sums", [("MG_CHUNK_SUMS", 0)])
+        assert fused in S.SPECS and dict(S.SPECS[fused].defines)["MG_GRID"] == 0
+    finally:
+        S.CUDA_ONLY_SPECS.pop("decode_megakernel_q__test_no_sums", None)
+        S.SPECS.pop("decode_layer_q__test_no_sums", None)
