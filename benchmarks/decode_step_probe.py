@@ -111,6 +111,24 @@ def pipelined(fn, tok, n):
     return (time.perf_counter() - tic) / n * 1e6
 
 
+def pipelined_fed(sampler, step, tok, n):
+    """`pipelined` for a sampler behind `step`, each step fed the sampler's device copy of the token
+    (DeviceSampler.last_token, as generate_step feeds the fast path) while the returned token is read back."""
+    def fn(t):
+        out, _ = sampler(step(t))
+        return out, sampler.last_token()
+    nxt, feed = fn(tok)
+    mx.async_eval(nxt)
+    tic = time.perf_counter()
+    for _ in range(n):
+        cur = nxt
+        nxt, feed = fn(feed)
+        mx.async_eval(nxt)
+        cur.item()
+    mx.eval(nxt)
+    return (time.perf_counter() - tic) / n * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["qwen2.5-0.5b", "qwen3-0.6b"])
@@ -138,6 +156,11 @@ def main():
         sampler = make_sampler()  # greedy, with the logprob: what generate_step runs
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
         print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
+        for again in ("", ", again"):
+            step, tok = fresh(model, n, args.prompt)
+            print(f"  full, greedy, fed the state{again:<7}{pipelined_fed(sampler, step, tok, n):8.1f}")
+            step, tok = fresh(model, n, args.prompt)
+            print(f"  full, greedy, fed its token{again:<7}{pipelined(lambda t: sampler(step(t))[0], tok, n):8.1f}")
         # the default kernel's logits, once a shape, for --check
         default = default_run(model, args.check, args.prompt) if args.check and args.variants else None
         for label, defines in args.variants:

@@ -13,7 +13,7 @@ import functools
 import mlx.core as mx
 
 from . import reference
-from .reference import Experts, RopeTable, rope_table, make_sample_state
+from .reference import Experts, RopeTable, rope_table, make_sample_state, token_word
 from .reference import MagpieLTWeights
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "quantized_linear",
     "sample",
     "make_sample_state",
+    "token_word",
     "make_sample_scratch",
     "sample_rows",
     "Experts",

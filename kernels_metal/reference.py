@@ -335,12 +335,14 @@ def hash_uniform(state: mx.array, B: int, V: int, streams: Optional[mx.array] = 
 # The sampler's state words: [seed, counter] and two of padding. MLX's CUDA allocator keeps arrays of 8 bytes or
 # less in a pool of unified memory that the per-step token readback also touches, and every group of the sampling
 # kernel reads the state: 16 bytes took 0.3-3.1% off a pipelined token on the H200 (docs/decode.md, "Small arrays in
-# unified memory"). Words past the counter are carried through unchanged; a state of 2 words is still taken.
+# unified memory"). The third word is the token row 0 drew: device memory that a GPU decode step reads as its next
+# input instead of the (1,) token array in that pool (`token_word`). Words past it are carried through unchanged; a
+# state of 2 words is still taken.
 SAMPLE_STATE_WORDS = 4
 
 
 def make_sample_state(seed: int) -> mx.array:
-    """The sampler's device state: uint32 [seed, counter=0, 0, 0] (the last two words padding)."""
+    """The sampler's device state: uint32 [seed, counter=0, last token=0, 0] (the last word padding)."""
     return mx.array([int(seed) & _MASK, 0] + [0] * (SAMPLE_STATE_WORDS - 2), dtype=U32)
 
 
@@ -353,6 +355,22 @@ def _counter_step(words: int) -> mx.array:
 def advance_state(state: mx.array) -> mx.array:
     """[seed, counter + 1, the rest as given], computed on the device."""
     return state + _counter_step(state.shape[-1])
+
+
+def drawn_state(state: mx.array, tok: mx.array) -> mx.array:
+    """The state after `sample` drew `tok` (B,): advanced, and row 0's token in its third word (a state of 3 words or
+    more; `token_word`)."""
+    nxt = advance_state(state)
+    if state.ndim != 1 or state.shape[0] < 3:
+        return nxt
+    return mx.concatenate([nxt[:2], tok[:1].astype(U32), nxt[3:]])
+
+
+def token_word(state: mx.array) -> mx.array:
+    """The token row 0 last drew, (1,) int32, as a view of the sampler's state (no copy, no launch): a decode step's
+    next input that lives in device memory (arrays of 8 bytes or less, like the (1,) token the CPU reads back, share a
+    unified-memory pool on MLX's CUDA backend)."""
+    return mx.view(state[2:3], mx.int32)
 
 
 def filtered_logits(logits: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
@@ -423,7 +441,7 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     tok = tok.astype(mx.int32)
     lse = mx.logsumexp(lf, axis=-1)
     lp = mx.take_along_axis(lf, tok[:, None], axis=-1)[:, 0] - lse
-    return tok, lp.astype(mx.float32), advance_state(state)
+    return tok, lp.astype(mx.float32), drawn_state(state, tok)
 
 
 def sample_rows(logits, settings, states, recent=None):

@@ -18,7 +18,7 @@ from profiling import NullTracer
 
 from .cache import cache_length, make_prompt_cache
 from .errors import MetalgenError
-from .sampling import LogitsProcessor, Sampler, make_sampler, sample_processed
+from .sampling import DeviceSampler, LogitsProcessor, Sampler, make_sampler, sample_processed
 
 _NULL_TRACER = NullTracer()
 
@@ -187,6 +187,11 @@ def generate_step(
         fast = make_step(model, cache, int(prompt.size), max_tokens, decode, in_place=prompt_cache is not None)
         if fast is not None and prompt_cache is None:
             cache = None  # a stacked path holds the KV cache from here on
+    # the fast path's next input: the sampler's own device copy of the token where it keeps one (the megakernel's
+    # every group reads its input token; read from the unified-memory pool that y shares with the CPU's readback,
+    # docs/decode.md "Small arrays in unified memory")
+    feeds = fast is not None and isinstance(sampler, DeviceSampler)
+    feed = sampler.last_token() if feeds else y
     n = 0
     while n < max_tokens:
         if n + 1 < max_tokens:
@@ -196,7 +201,7 @@ def generate_step(
             next_top = None
             if fast is not None:
                 with tracer.span("decode_step", tokens=1, sync=False):
-                    logits = fast(y)
+                    logits = fast(feed)
             elif k:
                 logits = step_logits(model, y, cache, tracer)
             if k:
@@ -206,6 +211,7 @@ def generate_step(
             else:
                 next_y, next_logprob = decode_step(model, y, cache, sampler, processors, history,
                                                    tracer)
+            next_feed = sampler.last_token() if feeds else next_y
             mx.async_eval(next_y, next_logprob, *(next_top or ()))
         with tracer.span("readback", step=n, sync=True):
             token = y.item()
@@ -215,7 +221,7 @@ def generate_step(
             yield token, logprob.item()
         n += 1
         if n < max_tokens:
-            y, logprob, top = next_y, next_logprob, next_top
+            y, logprob, top, feed = next_y, next_logprob, next_top, next_feed
 
 
 class _StopText:

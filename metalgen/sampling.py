@@ -87,6 +87,12 @@ class DeviceSampler:
                                                 self.state, recent, penalty, self._scratch[shape])
         return tokens, logprobs
 
+    def last_token(self) -> mx.array:
+        """The token the last call drew for row 0, (1,) int32, lazy: a view of the sampler's state, so in the
+        device's own memory. A decode step on the GPU reads it as its next input where the returned token (4
+        bytes) sits in MLX's unified-memory pool of small arrays, which the CPU's readback touches every step."""
+        return K.token_word(self.state)
+
 
 class RepetitionPenalty:
     """Penalize tokens seen in the last `context_size` tokens (prompt included), as Hugging Face

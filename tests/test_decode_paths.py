@@ -28,6 +28,23 @@ def test_reference_matches_plain_logits(qwen3):
     assert max(errs) < 2e-2
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_fast_path_fed_the_samplers_token_draws_the_same(qwen3, temperature):
+    # generate_step feeds a fast path the token a DeviceSampler keeps in its state (DeviceSampler.last_token) rather
+    # than the token it returns; a sampler behind a plain function is fed the returned token. The same seed must
+    # draw the same tokens either way (a stale or wrong word would change them: the dummy model's tokens vary). On
+    # CUDA the megakernel, elsewhere the stacked reference
+    from metalgen.sampling import make_sampler
+
+    mode = "megakernel" if K.backend() == "cuda" else "reference"
+    p = mx.array([3, 1, 4, 1, 5, 9, 2, 6], mx.int32)
+    fed = [t for t, _ in generate_step(p, qwen3, max_tokens=24, decode=mode,
+                                       sampler=make_sampler(temperature, seed=11))]
+    inner = make_sampler(temperature, seed=11)
+    returned = [t for t, _ in generate_step(p, qwen3, max_tokens=24, decode=mode, sampler=lambda x: inner(x))]
+    assert fed == returned and len(set(fed)) > (3 if temperature else 0)
+
+
 def test_reference_v2_matches_plain_logits(qwen3):
     # version 2's restructuring (split-K float32 partial sums, residual added after) on the CPU
     errs = step_errors(qwen3, "reference_v2", prompt_tokens=9, steps=12)

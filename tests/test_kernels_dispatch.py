@@ -151,8 +151,14 @@ def test_top_k_past_any_vocabulary_keeps_every_token():
 def test_sample_state_stays_out_of_mlx_small_array_pool():
     # MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of unified memory that the token readback
     # touches every step, and every group of the sampling kernel reads the state: it is 16 bytes, [seed, counter]
-    # first
-    assert K.make_sample_state(9).nbytes == 16 and K.make_sample_state(9).tolist() == [9, 0, 0, 0]
+    # first; the token a draw makes is its third word, and K.token_word a (1,) int32 view of it with no copy
+    st = K.make_sample_state(9)
+    assert st.nbytes == 16 and st.tolist() == [9, 0, 0, 0]
+    logits = rnd((1, 300), mx.bfloat16, 3.0)
+    tok, _, ns = K.sample(logits, 0.0, 0, 1.0, 0.0, st)
+    fed = K.token_word(ns)
+    assert ns.nbytes == 16 and fed.dtype == mx.int32 and fed.shape == (1,) and fed.tolist() == tok.tolist()
+    assert fed.tolist() == [int(np.argmax(np.array(logits.astype(mx.float32))))]
 
 
 def test_sample_is_the_reference():
@@ -161,10 +167,12 @@ def test_sample_is_the_reference():
     for args in [(0.0, 0, 1.0, 0.0), (0.8, 40, 0.9, 0.05)]:
         t1, l1, n1 = K.sample(logits, *args, st)
         t2, l2, n2 = ref.sample(logits, *args, st)
-        assert t1.tolist() == t2.tolist() and n1.tolist() == [42, 1, 0, 0] == n2.tolist()
+        assert t1.tolist() == t2.tolist() and n1.tolist() == [42, 1, t1.tolist()[0], 0] == n2.tolist()
         assert np.allclose(np.array(l1), np.array(l2))
-    # the words past the counter (padding) are carried through as given, and a 2-word state still works
-    assert K.sample(logits, 0.8, 40, 0.9, 0.0, st + mx.array([0, 0, 7, 3], mx.uint32))[2].tolist() == [42, 1, 7, 3]
+    # the third word is written with row 0's token, the word past it (padding) carried through as given, and a
+    # 2-word state still works
+    t4, _, n4 = K.sample(logits, 0.8, 40, 0.9, 0.0, st + mx.array([0, 0, 7, 3], mx.uint32))
+    assert n4.tolist() == [42, 1, t4.tolist()[0], 3]
     t3, _, n3 = K.sample(logits, 0.8, 40, 0.9, 0.05, st[:2])
     assert n3.tolist() == [42, 1] and t3.tolist() == ref.sample(logits, 0.8, 40, 0.9, 0.05, st)[0].tolist()
     # the state advances on the device, and different counters draw differently
@@ -173,7 +181,7 @@ def test_sample_is_the_reference():
     for _ in range(8):
         t, _, s = K.sample(logits, 1.0, 0, 1.0, 0.0, s)
         draws.add(tuple(t.tolist()))
-    assert s.tolist() == [42, 8, 0, 0] and len(draws) > 1
+    assert s.tolist() == [42, 8, t.tolist()[0], 0] and len(draws) > 1
 
 
 def test_kernel_names_follow_their_source():
@@ -315,7 +323,7 @@ def test_gpu_entry_points_fall_back_with_the_right_shapes(monkeypatch):
     wq, s, b = mx.quantize(w, group_size=64, bits=4)
     assert gpu.gemv_quantized(xs, wq, s, b, 64, 4).shape == (2, 48)
     tok, lp, ns = gpu.sample(rnd((2, 100)), 0.7, 5, 0.9, 0.0, K.make_sample_state(1))
-    assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1, 0, 0]
+    assert tok.shape == (2,) and lp.shape == (2,) and ns.tolist() == [1, 1, tok.tolist()[0], 0]
     # greedy: the reference's token, logprob and counter
     logits = rnd((3, 151936))
     tok, lp, ns = gpu.sample(logits, 0.0, 0, 1.0, 0.0, K.make_sample_state(1))

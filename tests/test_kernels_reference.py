@@ -231,7 +231,11 @@ def test_state_and_uniforms():
     assert not np.array_equal(un[0], un[1])
     logits = mx.array(RNG.standard_normal((2, 50))).astype(mx.bfloat16)
     tok, lp, ns = ref.sample(logits, 0.0, 0, 1.0, 0.0, st)
-    assert ns.tolist() == [123, 1, 0, 0] and tok.dtype == mx.int32 and lp.dtype == mx.float32
+    # the third word is row 0's token, read through token_word as a view (the fast path's next input)
+    assert ns.tolist() == [123, 1, tok[0].item(), 0] and tok.dtype == mx.int32 and lp.dtype == mx.float32
+    assert ref.token_word(ns).dtype == mx.int32 and ref.token_word(ns).tolist() == [tok[0].item()]
+    assert ref.sample(logits, 0.0, 0, 1.0, 0.0, mx.array([123, 0, 0, 7], mx.uint32))[2].tolist()[3] == 7
+    assert ref.sample(logits, 0.0, 0, 1.0, 0.0, mx.array([123, 0], mx.uint32))[2].tolist() == [123, 1]
     # a state of 2 words (as made before the padding) still advances its counter, and the padding rides along
     assert ref.advance_state(mx.array([5, 9], mx.uint32)).tolist() == [5, 10]
     assert ref.advance_state(mx.array([5, 9, 7, 3], mx.uint32)).tolist() == [5, 10, 7, 3]

@@ -132,7 +132,9 @@ def test_gpu_sampler_kernel_equals_the_reference(B, V):
             again, _, _ = K.sample(logits, temp, k, p, m, state, recent, pen, scratch)
             rt, rl, rn = ref_kernels.sample(logits, temp, k, p, m, state, recent, pen)
             assert tok.tolist() == again.tolist()  # reproducible: the cross-group sums are integers
-            assert nxt.tolist() == rn.tolist()
+            # the same counter; the third word each side's own token of row 0 (which may differ at a top-p edge)
+            assert nxt.tolist()[2] == tok.tolist()[0] and rn.tolist()[2] == rt.tolist()[0]
+            assert np.array_equal(np.delete(np.array(nxt), 2), np.delete(np.array(rn), 2))
             same = np.array(tok) == np.array(rt)
             mismatches += int((~same).sum())
             assert np.allclose(np.array(lp)[same], np.array(rl)[same], atol=1e-4)
