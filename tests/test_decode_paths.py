@@ -479,6 +479,31 @@ def test_gpu_chunk_sums_keep_the_bits(mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape,prompt", [("tiny-qwen3", 150), ("qwen3-0.6b", 150), ("qwen3-0.6b", 1500),
+                                          ("tiny-qwen3-h4096-4bit", 150)])
+def test_gpu_attention_count_keeps_the_bits(shape, prompt):
+    # the dense megakernel's o_proj phase waits for a count of the attention merges rather than a grid barrier
+    # (MG_OP_FUSE, decode_layer.body): the same logits as the build with the barrier, where the attention items end
+    # before the o_proj rows' groups (150 positions) and where they reach them (1500: a group with both an item and a
+    # row goes on to o_proj only after its items, so nothing waits on a group that waits)
+    import kernels_metal
+    from kernels_metal import source as S
+    from metalgen.decode.path import step_on
+
+    if kernels_metal.backend() != "cuda":
+        pytest.skip("CUDA only")
+
+    def with_barrier(model, step):
+        dec = step.decoder
+        other = type(dec)(dec.w, dec.blocks, dec.version)
+        other.kernel_name = S.with_defines(dec.kernel_name, "attention_barrier", [("MG_OP_FUSE", 0)])
+        return step_on(model, other, step.state)
+
+    model = load(f"dummy:{shape}")[0]
+    assert largest_gap_between(model, ("megakernel", "megakernel"), prompt, 12, second=with_barrier) == 0.0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
 @pytest.mark.parametrize("mode", ["fused", "megakernel"])
 def test_gpu_moe_paths_match_plain(shape, mode, router_gaps):

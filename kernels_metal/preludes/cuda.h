@@ -245,6 +245,19 @@ MG_FN bool mg_arrive_last(unsigned int* count, unsigned int n) {
   return false;
 }
 
+// Thread 0 of a group waits until `count` (added to with release by other groups) reaches n, as the grid
+// barrier waits for its flip: an acquire load, an 8-64 ns back-off. The group's other threads wait at a block
+// barrier after it.
+MG_FN void mg_wait_count(const unsigned int* count, unsigned int n) {
+  unsigned int ns = 8u;
+  while (mg_load_acquire_u32(count) < n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(ns);
+    if (ns < 64u) ns <<= 1;
+#endif
+  }
+}
+
 // Per-step timing of the megakernel (params[15], benchmarks/decode_phase_probe.py): the SM's cycle
 // counter for the steps and the global nanosecond timer once per launch, to convert cycles to time.
 // Low 32 bits only (the host takes differences modulo 2^32): nothing 64-bit stays live in registers.
