@@ -479,7 +479,7 @@ def test_gpu_chunk_sums_keep_the_bits(mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,prompt", [("tiny-qwen3", 150), ("qwen3-0.6b", 150), ("qwen3-0.6b", 1500),
+@pytest.mark.parametrize("shape,prompt", [("tiny-qwen2-gqa7", 150), ("qwen3-0.6b", 150), ("qwen3-0.6b", 1500),
                                           ("tiny-qwen3-h4096-4bit", 150)])
 def test_gpu_attention_count_keeps_the_bits(shape, prompt):
     # the dense megakernel's o_proj phase waits for a count of the attention merges rather than a grid barrier
