@@ -333,6 +333,19 @@ def largest_gap_between(model, modes, prompt_tokens: int, steps: int, second=Non
     return worst
 
 
+def built_with(label: str, defines):
+    """A `second` for largest_gap_between: the step's decoder again, its kernel a copy of the spec built with other
+    #defines (kernels_metal.source.with_defines), on the same state."""
+    from metalgen.decode.path import step_on
+
+    def second(model, step):
+        dec = step.decoder
+        other = type(dec)(dec.w, dec.blocks, dec.version)
+        other.kernel_name = S.with_defines(dec.kernel_name, label, defines)
+        return step_on(model, other, step.state)
+    return second
+
+
 def test_gap_helper_sees_identical_paths():
     # the helper of the bitwise tests, on the CPU's reference path twice
     assert largest_gap_between(load("dummy:tiny-qwen3")[0], ("reference", "reference"), 20, 4) == 0.0
@@ -462,20 +475,12 @@ def test_gpu_chunk_sums_keep_the_bits(mode):
     # at H 4096 the dense 4-bit rows read each chunk's sum of x, made once a phase (QPS, decode_layer.body); the
     # same kernel built without them (MG_CHUNK_SUMS 0), its rows adding up x themselves, gives the same logits
     import kernels_metal
-    from kernels_metal import source as S
-    from metalgen.decode.path import step_on
 
     if kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
-
-    def without_sums(model, step):
-        dec = step.decoder
-        other = type(dec)(dec.w, dec.blocks, dec.version)
-        other.kernel_name = S.with_defines(dec.kernel_name, "no_chunk_sums", [("MG_CHUNK_SUMS", 0)])
-        return step_on(model, other, step.state)
-
     model = load("dummy:tiny-qwen3-h4096-4bit")[0]
-    assert largest_gap_between(model, (mode, mode), 150, 20, second=without_sums) == 0.0
+    second = built_with("no_chunk_sums", [("MG_CHUNK_SUMS", 0)])
+    assert largest_gap_between(model, (mode, mode), 150, 20, second=second) == 0.0
 
 
 @pytest.mark.gpu
@@ -487,20 +492,12 @@ def test_gpu_attention_count_keeps_the_bits(shape, prompt):
     # before the o_proj rows' groups (150 positions) and where they reach them (1500: a group with both an item and a
     # row goes on to o_proj only after its items, so nothing waits on a group that waits)
     import kernels_metal
-    from kernels_metal import source as S
-    from metalgen.decode.path import step_on
 
     if kernels_metal.backend() != "cuda":
         pytest.skip("CUDA only")
-
-    def with_barrier(model, step):
-        dec = step.decoder
-        other = type(dec)(dec.w, dec.blocks, dec.version)
-        other.kernel_name = S.with_defines(dec.kernel_name, "attention_barrier", [("MG_OP_FUSE", 0)])
-        return step_on(model, other, step.state)
-
     model = load(f"dummy:{shape}")[0]
-    assert largest_gap_between(model, ("megakernel", "megakernel"), prompt, 12, second=with_barrier) == 0.0
+    second = built_with("attention_barrier", [("MG_OP_FUSE", 0)])
+    assert largest_gap_between(model, ("megakernel", "megakernel"), prompt, 12, second=second) == 0.0
 
 
 @pytest.mark.gpu
