@@ -168,9 +168,9 @@ class _GpuDecoder:
         # the megakernel's merged attention output (q_dim floats) and per-head split counters
         # (zero at start; the merging group resets its head's)
         self.merge_offset = (self.stamp_offset + 3 * self.steps + 3 + 31) // 32 * 32
-        # MoE: the router logits [E + 1] and the routing choice [2 * top_k]
-        # the merge area: obuf [Hq * D] floats, cnt [Hq] words, then (decode_layer.body, OP_FUSE) the count of a layer's
-        # merges on its own 128-byte line
+        # the merge area holds obuf [Hq * D] floats, cnt [Hq] words, then (decode_layer.body, OP_FUSE) the count of a
+        # layer's merges on its own 128-byte line; after it, MoE's: the router logits [E + 1] and the routing choice
+        # [2 * top_k]
         self.moe_offset = (self.merge_offset + w.q_dim + (w.heads + 31) // 32 * 32 + 32 + 31) // 32 * 32
         # hybrid: the delta rule's output [Hv * Dv]
         self.hybrid_offset = (self.moe_offset + (m.experts + 1 + 2 * m.top_k if m is not None else 0) + 31) // 32 * 32
