@@ -181,8 +181,8 @@ class _GpuDecoder:
         # the allocator; the timing is measured) every group's read of them may cross the bus. [eps, scale]
         # padded to 4 floats took 7-20 us (0.5-2.6%) off a pipelined greedy token (benchmarks/scalar_pool_probe.py,
         # H200, 2026-11-26). The token a step takes may be (1,) in that pool; generate_step feeds it the one the
-        # sampler writes into its own 16-byte state as well (DeviceSampler.last_token): 1.0-1.5% off the bf16
-        # small shapes' pipelined token (H200, 2026-11-27), where a copy by an add cost its own launch.
+        # sampler writes into its own 16-byte state as well (DeviceSampler.last_token): 0.5-1.2% off the small
+        # shapes' pipelined token (H200, 2026-11-27, means of 10 runs), where a copy by an add cost its own launch.
         self.fparams = mx.array([w.eps, w.head_dim**-0.5, 0.0, 0.0], mx.float32)
         self.no_emb = mx.zeros((w.hidden,), w.dtype)
         self.no_tok = mx.zeros((1,), mx.int32)
