@@ -98,31 +98,16 @@ def kernel_only(dec, state, fixed):
     return fn
 
 
-def pipelined(fn, tok, n):
+def pipelined(fn, tok, n, feed=None):
+    """us a step of `fn` run as generate_step runs it: step n+1 enqueued before the output of step n is read back.
+    Each step takes the previous step's output, or `feed()` where given, called right after that step (a sampler's
+    device copy of its token, DeviceSampler.last_token, as generate_step feeds the fast path)."""
     nxt = fn(tok)
     mx.async_eval(nxt)
     tic = time.perf_counter()
     for _ in range(n):
         cur = nxt
-        nxt = fn(cur)
-        mx.async_eval(nxt)
-        cur.item()
-    mx.eval(nxt)
-    return (time.perf_counter() - tic) / n * 1e6
-
-
-def pipelined_fed(sampler, step, tok, n):
-    """`pipelined` for a sampler behind `step`, each step fed the sampler's device copy of the token
-    (DeviceSampler.last_token, as generate_step feeds the fast path) while the returned token is read back."""
-    def fn(t):
-        out, _ = sampler(step(t))
-        return out, sampler.last_token()
-    nxt, feed = fn(tok)
-    mx.async_eval(nxt)
-    tic = time.perf_counter()
-    for _ in range(n):
-        cur = nxt
-        nxt, feed = fn(feed)
+        nxt = fn(feed() if feed else cur)
         mx.async_eval(nxt)
         cur.item()
     mx.eval(nxt)
@@ -157,10 +142,10 @@ def main():
         sampled = lambda t: sampler(step(t))[0]  # noqa: E731
         print(f"  full, make_sampler() greedy     {pipelined(sampled, tok, n):8.1f}")
         for again in ("", ", again"):
+            step, tok = fresh(model, n, args.prompt)  # (sampled reads `step` when called: this one)
+            print(f"  full, greedy, fed the state{again:<7}{pipelined(sampled, tok, n, sampler.last_token):8.1f}")
             step, tok = fresh(model, n, args.prompt)
-            print(f"  full, greedy, fed the state{again:<7}{pipelined_fed(sampler, step, tok, n):8.1f}")
-            step, tok = fresh(model, n, args.prompt)
-            print(f"  full, greedy, fed its token{again:<7}{pipelined(lambda t: sampler(step(t))[0], tok, n):8.1f}")
+            print(f"  full, greedy, fed its token{again:<7}{pipelined(sampled, tok, n):8.1f}")
         # the default kernel's logits, once a shape, for --check
         default = default_run(model, args.check, args.prompt) if args.check and args.variants else None
         for label, defines in args.variants:

@@ -338,6 +338,7 @@ CUDA_ONLY_SPECS["magpie_decoder_megakernel"] = _spec(
     [("MG_GRID", 1)], ("magpie_decoder.h",), dtypes=MAGPIE_DEC_DTYPES, out=[bf16, f32, u32], tmpl=MAGPIE_DEC_357M)
 KERNELS = KERNELS + ("magpie_decoder",)
 
+
 def with_defines(name: str, label: str, defines=(), body=None) -> str:
     """A copy of spec `name` built otherwise, registered beside it (in SPECS or CUDA_ONLY_SPECS) as
     `<name>__<label>`: `defines` replace or add to its #defines, and `body` (a bodies/ name) replaces its body.
