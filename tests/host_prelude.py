@@ -39,6 +39,15 @@ struct bf16 { uint16_t bits; };
 MG_FN float mg_inf() { return INFINITY; }
 MG_FN float mg_fmax(float a, float b) { return std::fmax(a, b); }
 MG_FN float mg_exp(float x) { return std::exp(x); }
+MG_FN float mg_fabs(float x) { return std::fabs(x); }
+MG_FN int mg_rint_i(float x) { return (int)std::nearbyint(x); }
+// c + the products of a's two signed 16-bit halves with b's bytes 0, 1 (lo) or 2, 3 (hi), as the GPU's dp2a
+MG_FN int mg_dp2a_lo(uint32_t a, uint32_t b, int c) {
+  return c + (int)(int16_t)(a & 0xFFFFu) * (int)(int8_t)(b & 0xFFu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xFFu);
+}
+MG_FN int mg_dp2a_hi(uint32_t a, uint32_t b, int c) {
+  return c + (int)(int16_t)(a & 0xFFFFu) * (int)(int8_t)((b >> 16) & 0xFFu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
+}
 static float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 MG_FN float mg_as_float(uint32_t u) { return bits_float(u); }
 MG_FN float mg_lanes_sum(float v) { return v; }

@@ -73,6 +73,8 @@ float simd_prefix_inclusive_sum(float);
 uint simd_prefix_inclusive_sum(uint);
 float max(float, float);
 float min(float, float);
+float fabs(float);
+float rint(float);
 struct simdgroup_float8x8 {
   simdgroup_float8x8() = default;
   explicit simdgroup_float8x8(float);

@@ -65,9 +65,14 @@ MG_FN float mg_log(float x) { return logf(x); }
 MG_FN float mg_rsqrt(float x) { return rsqrtf(x); }
 MG_FN float mg_fmax(float a, float b) { return fmaxf(a, b); }
 MG_FN float mg_fmin(float a, float b) { return fminf(a, b); }
+MG_FN float mg_fabs(float x) { return fabsf(x); }
 MG_FN float mg_inf() { return __int_as_float(0x7f800000); }
 MG_FN uint32_t mg_as_uint(float x) { return __float_as_uint(x); }
 MG_FN float mg_as_float(uint32_t x) { return __uint_as_float(x); }
+// c + the products of a's two signed 16-bit halves with b's bytes 0, 1 (lo) or 2, 3 (hi), signed
+MG_FN int mg_dp2a_lo(uint32_t a, uint32_t b, int c) { return __dp2a_lo((int)a, (int)b, c); }
+MG_FN int mg_dp2a_hi(uint32_t a, uint32_t b, int c) { return __dp2a_hi((int)a, (int)b, c); }
+MG_FN int mg_rint_i(float x) { return __float2int_rn(x); }
 
 template <typename T>
 MG_FN float mg_to_float(T x) { return static_cast<float>(x); }

@@ -278,13 +278,24 @@ MG_FN MG_SHARED_PTR float* mg_chunk_sums_of(MG_SHARED_PTR const T* xs, uint32_t 
   return (MG_SHARED_PTR float*)(xs + K);
 }
 
+// (PS 2) the chunks' fixed-point scales (mg_chunk_fix): the K / 32 words after their sums
+template <typename T>
+MG_FN MG_SHARED_PTR float* mg_chunk_scales_of(MG_SHARED_PTR const T* xs, uint32_t K) {
+  return mg_chunk_sums_of<T>(xs, K) + K / 32u;
+}
+
 // One lane's chunk of a quantized row (VPC values at x, in shared memory), scaled by its group's s and b
-// (PS, 4 bits: the chunk's sum of x is sx, from mg_chunk_sums, not added up again here)
-template <typename T, int QB, bool PS = false>
-MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b, float sx = 0.0f) {
+// (PS, 4 bits: the chunk's sum of x is sx, from mg_chunk_sums, not added up again here; PS 2: x in fixed point,
+// the chunk's scale fx, mg_chunk_fix)
+template <typename T, int QB, int PS = 0>
+MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b, float sx = 0.0f, float fx = 0.0f) {
   const mg_u4 x0 = MG_LOAD_SHARED_U4(x);
   const mg_u4 x1 = MG_LOAD_SHARED_U4(x + 8);
   mg_f2 d;
+  if (PS == 2 && QB == 4) {
+    const mg_q4_isums q = mg_q4_chunk_fixed<false>(w, w, x0, x1, MG_LOAD_SHARED_U4(x + 16), MG_LOAD_SHARED_U4(x + 24));
+    return s * ((float)q.d1 * fx) + b * sx;
+  }
   if (PS && QB == 4) {
     const mg_q4_sums q = mg_q4_chunk_inplace<T, false, false>(w, w, x0, x1, MG_LOAD_SHARED_U4(x + 16),
                                                               MG_LOAD_SHARED_U4(x + 24));
@@ -298,30 +309,47 @@ MG_FN float mg_qchunk_shared(mg_u4 w, MG_SHARED_PTR const T* x, float s, float b
   return s * d.x + b * d.y;
 }
 
+// Two 4-bit rows' chunks at k against x (in shared memory) as (each row's sum of q x, the chunk's sum of x): the float
+// dot (PS 0: the sum of x added up here; PS 1: read from xsum, mg_chunk_sums) or, PS 2, the integer dot with x in
+// fixed point (mg_chunk_fix) times the chunk's scale from xscl, the sum from xsum
+template <typename T, int PS>
+MG_FN mg_q4_sums mg_q4_pair_chunk(mg_u4 p, mg_u4 q, MG_SHARED_PTR const T* x, uint32_t k, MG_SHARED_PTR const float* xsum,
+                                  MG_SHARED_PTR const float* xscl) {
+  const mg_u4 x0 = MG_LOAD_SHARED_U4(x + k);
+  const mg_u4 x1 = MG_LOAD_SHARED_U4(x + k + 8);
+  const mg_u4 x2 = MG_LOAD_SHARED_U4(x + k + 16);
+  const mg_u4 x3 = MG_LOAD_SHARED_U4(x + k + 24);
+  if (PS == 2) {
+    const mg_q4_isums e = mg_q4_chunk_fixed<true>(p, q, x0, x1, x2, x3);
+    const float f = xscl[k / 32u];
+    mg_q4_sums r;
+    r.d1 = (float)e.d1 * f;
+    r.d2 = (float)e.d2 * f;
+    r.sx = xsum[k / 32u];
+    return r;
+  }
+  mg_q4_sums d = mg_q4_chunk_inplace<T, true, !PS>(p, q, x0, x1, x2, x3);
+  if (PS) d.sx = xsum[k / 32u];
+  return d;
+}
+
 // One round trip of two 4-bit rows against one vector (gate and up): a lane's chunks at k (p0, q0) and, when more,
 // at k2 = k + 1024 (p1, q1), added to the rows' sums ac.x and ac.y (in this order: the bits of the loop it came from);
-// PS: the chunks' sums of x are read from xsum (mg_chunk_sums) rather than added up for this pair
-template <typename T, int GS, bool PS = false>
+// PS as mg_q4_pair_chunk's (xscl: PS 2's chunk scales)
+template <typename T, int GS, int PS = 0>
 MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, uint32_t k, const MG_DEVICE T* s1,
                             const MG_DEVICE T* b1, const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x,
-                            mg_f2 ac, MG_SHARED_PTR const float* xsum) {
+                            mg_f2 ac, MG_SHARED_PTR const float* xsum, MG_SHARED_PTR const float* xscl = 0) {
   float a = ac.x;
   float c = ac.y;
-  const mg_q4_sums d0 = mg_q4_chunk_inplace<T, true, !PS>(p0, q0, MG_LOAD_SHARED_U4(x + k),
-                                                          MG_LOAD_SHARED_U4(x + k + 8), MG_LOAD_SHARED_U4(x + k + 16),
-                                                          MG_LOAD_SHARED_U4(x + k + 24));
-  const float sx0 = PS ? xsum[k / 32u] : d0.sx;
-  a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * sx0;
-  c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * sx0;
+  const mg_q4_sums d0 = mg_q4_pair_chunk<T, PS>(p0, q0, x, k, xsum, xscl);
+  a += mg_to_float(s1[k / GS]) * d0.d1 + mg_to_float(b1[k / GS]) * d0.sx;
+  c += mg_to_float(s2[k / GS]) * d0.d2 + mg_to_float(b2[k / GS]) * d0.sx;
   if (more) {
     const uint32_t k2 = k + 1024u;
-    const mg_q4_sums d1 = mg_q4_chunk_inplace<T, true, !PS>(p1, q1, MG_LOAD_SHARED_U4(x + k2),
-                                                            MG_LOAD_SHARED_U4(x + k2 + 8),
-                                                            MG_LOAD_SHARED_U4(x + k2 + 16),
-                                                            MG_LOAD_SHARED_U4(x + k2 + 24));
-    const float sx1 = PS ? xsum[k2 / 32u] : d1.sx;
-    a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * sx1;
-    c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * sx1;
+    const mg_q4_sums d1 = mg_q4_pair_chunk<T, PS>(p1, q1, x, k2, xsum, xscl);
+    a += mg_to_float(s1[k2 / GS]) * d1.d1 + mg_to_float(b1[k2 / GS]) * d1.sx;
+    c += mg_to_float(s2[k2 / GS]) * d1.d2 + mg_to_float(b2[k2 / GS]) * d1.sx;
   }
   ac.x = a;
   ac.y = c;
@@ -332,7 +360,7 @@ MG_FN mg_f2 mg_q4_pair_trip(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, bool more, u
 // values are then unpacked and summed once); each lane's chunks of both rows are loaded before the first
 // multiply, two chunks a row a round trip (a 4-bit row of K <= 2048 is one). PS (SAME, 4 bits): the chunks' sums
 // of x are at mg_chunk_sums_of(x1, K).
-template <typename T, int QB, int GS, bool SAME, bool PS = false>
+template <typename T, int QB, int GS, bool SAME, int PS = 0>
 MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1,
                            MG_SHARED_PTR const T* x1, const MG_DEVICE uint32_t* w2, const MG_DEVICE T* s2,
                            const MG_DEVICE T* b2, MG_SHARED_PTR const T* x2, uint32_t K, uint32_t lane) {
@@ -355,7 +383,8 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
       mg_f2 ac;
       ac.x = a;
       ac.y = c;
-      ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac, mg_chunk_sums_of<T>(x1, K));
+      ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, more, k, s1, b1, s2, b2, x1, ac, mg_chunk_sums_of<T>(x1, K),
+                                      mg_chunk_scales_of<T>(x1, K));
       a = ac.x;
       c = ac.y;
       continue;
@@ -374,7 +403,7 @@ MG_FN mg_f2 mg_qwarp_dot2x(const MG_DEVICE uint32_t* w1, const MG_DEVICE T* s1, 
 // Two 4-bit rows (words w1, w2 with their scales and biases) dotted with one vector, as mg_qwarp_dot2x<T, 4, GS, true>
 // sums them (the same bits), the lane's first round trip given: chunks p0, q0 at k = 32 lane and p1, q1 at k + 1024
 // (those past K unused), which the caller had copied ahead (the gate/up phase, decode_layer.body)
-template <typename T, int GS, bool PS = false>
+template <typename T, int GS, int PS = 0>
 MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const MG_DEVICE uint32_t* w1,
                                  const MG_DEVICE T* s1, const MG_DEVICE T* b1, const MG_DEVICE uint32_t* w2,
                                  const MG_DEVICE T* s2, const MG_DEVICE T* b2, MG_SHARED_PTR const T* x, uint32_t K,
@@ -384,7 +413,8 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
   ac.y = 0.0f;
   uint32_t k = lane * 32u;
   MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(x, K);
-  if (k < K) ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac, xsum);
+  MG_SHARED_PTR const float* xscl = mg_chunk_scales_of<T>(x, K);
+  if (k < K) ac = mg_q4_pair_trip<T, GS, PS>(p0, q0, p1, q1, k + 1024u < K, k, s1, b1, s2, b2, x, ac, xsum, xscl);
   for (k += 2048u; k < K; k += 2048u) {
     const bool more = k + 1024u < K;
     const mg_u4 f0 = MG_LOAD_U4_NC(w1 + k / 8u);
@@ -395,7 +425,7 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
       f1 = MG_LOAD_U4_NC(w1 + (k + 1024u) / 8u);
       g1 = MG_LOAD_U4_NC(w2 + (k + 1024u) / 8u);
     }
-    ac = mg_q4_pair_trip<T, GS, PS>(f0, g0, f1, g1, more, k, s1, b1, s2, b2, x, ac, xsum);
+    ac = mg_q4_pair_trip<T, GS, PS>(f0, g0, f1, g1, more, k, s1, b1, s2, b2, x, ac, xsum, xscl);
   }
   mg_f2 r;
   r.x = mg_lanes_sum(ac.x);
@@ -411,7 +441,7 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
 
 // Lane-group dot of one quantized row with xs: MG_QROW_CHUNKS chunks a lane a round trip, all loaded before
 // the first multiply (a 4-bit row of K <= 4096 is one trip).
-template <typename T, int QB, int GS, bool PS = false>
+template <typename T, int QB, int GS, int PS = 0>
 MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, const MG_DEVICE T* b,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(xs, K);  // (PS, 4 bits)
@@ -429,15 +459,17 @@ MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, cons
       const uint32_t kj = k + 32u * VPC * j;
       if (kj < K) {
         a += mg_qchunk_shared<T, QB, PS>(r[j], xs + kj, mg_to_float(s[kj / GS]), mg_to_float(b[kj / GS]),
-                                         PS && QB == 4 ? xsum[kj / 32u] : 0.0f);
+                                         PS && QB == 4 ? xsum[kj / 32u] : 0.0f,
+                                         PS == 2 && QB == 4 ? mg_chunk_scales_of<T>(xs, K)[kj / 32u] : 0.0f);
       }
     }
   }
   return mg_lanes_sum(a);
 }
 
-// Row `row` of (w, s, b) dotted with xs (PS: a 4-bit row reads the chunks' sums of x after xs, mg_chunk_sums)
-template <typename T, int QB, int GS, bool PS = false>
+// Row `row` of (w, s, b) dotted with xs (PS: a 4-bit row reads the chunks' sums of x after xs, mg_chunk_sums;
+// PS 2: x in fixed point, mg_chunk_fix)
+template <typename T, int QB, int GS, int PS = 0>
 MG_FN float mg_wrow_dot(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t row,
                         MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot<T>(w + row * K, xs, K, lane);
@@ -457,7 +489,7 @@ MG_FN mg_f2 mg_wrow_dot2x(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG
 }
 
 // Rows r1 and r2 dotted with one vector (gate and up)
-template <typename T, int QB, int GS, bool PS = false>
+template <typename T, int QB, int GS, int PS = 0>
 MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_DEVICE T* b1, size_t r1,
                          const MG_DEVICE T* w2, const MG_DEVICE T* s2, const MG_DEVICE T* b2, size_t r2,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
@@ -469,7 +501,7 @@ MG_FN mg_f2 mg_wrow_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* s1, const MG_
 }
 
 // Rows r1 and r2 of one weight dotted with xs, both in flight at once, each summed as mg_wrow_dot sums it
-template <typename T, int QB, int GS, bool PS = false>
+template <typename T, int QB, int GS, int PS = 0>
 MG_FN mg_f2 mg_wrow_pair(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t r1, size_t r2,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   if (QB == 0) return mg_warp_dot_pair<T>(w + r1 * K, w + r2 * K, xs, K, lane);
@@ -506,10 +538,54 @@ MG_FN void mg_chunk_sums(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
   }
 }
 
+// A staged vector (xs, K values of T, K a multiple of 32) in 16-bit fixed point for the 4-bit rows' integer dots
+// (PS 2, mg_q4_chunk_fixed), in place, with each 32-value chunk's sum of x and its scale after it
+// (mg_chunk_sums_of, mg_chunk_scales_of): a chunk's X = x 2^(15 - E) rounded to the nearest integer, where 2^E is
+// the power of two just above its largest |x|, so |X| < 2^15 and every value within 2^7 of the largest is exact
+// (x has 8 significant bits); its scale is 2^(E - 15), and a chunk whose largest |x| is below 2^-111 counts as 0.
+// Each 16-byte word of 8 values becomes (X0, X2), (X4, X6), (X1, X3), (X5, X7). Four threads a chunk, a word each,
+// share its largest value and sum through the lanes. The caller holds a barrier before and after.
+template <typename T>
+MG_FN void mg_chunk_fix(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
+  MG_SHARED_PTR float* sums = mg_chunk_sums_of<T>(xs, K);
+  const uint32_t nw = K / 8u;  // words, a multiple of 4: a chunk's 4 lanes are active together
+  for (uint32_t i = tid; i < (nw + 31u) / 32u * 32u; i += 256u) {
+    const bool on = i < nw;
+    mg_u4 v;
+    v.x = v.y = v.z = v.w = 0u;
+    if (on) v = MG_LOAD_SHARED_U4(xs + 8u * i);
+    const mg_f2 p0 = mg_unpack2<T>(v.x);
+    const mg_f2 p1 = mg_unpack2<T>(v.y);
+    const mg_f2 p2 = mg_unpack2<T>(v.z);
+    const mg_f2 p3 = mg_unpack2<T>(v.w);
+    float m = mg_fmax(mg_fmax(mg_fmax(mg_fabs(p0.x), mg_fabs(p0.y)), mg_fmax(mg_fabs(p1.x), mg_fabs(p1.y))),
+                      mg_fmax(mg_fmax(mg_fabs(p2.x), mg_fabs(p2.y)), mg_fmax(mg_fabs(p3.x), mg_fabs(p3.y))));
+    m = mg_fmax(m, mg_lanes_xor(m, 1u));
+    m = mg_fmax(m, mg_lanes_xor(m, 2u));
+    float sx = ((p0.x + p0.y) + (p1.x + p1.y)) + ((p2.x + p2.y) + (p3.x + p3.y));
+    sx += mg_lanes_xor(sx, 1u);  // (the same bits in the chunk's 4 lanes: each adds the same two terms)
+    sx += mg_lanes_xor(sx, 2u);
+    const uint32_t e = (mg_as_uint(m) >> 23) & 0xFFu;  // m in [2^(e - 127), 2^(e - 126)): E = e - 126
+    const float f = e >= 15u ? mg_as_float((268u - e) << 23) : 0.0f;
+    if (on) {
+      if ((i & 3u) == 0u) {
+        sums[i / 4u] = sx;
+        sums[K / 32u + i / 4u] = e >= 15u ? mg_as_float((e - 14u) << 23) : 0.0f;
+      }
+      mg_u4 o;
+      o.x = ((uint32_t)mg_rint_i(p0.x * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p1.x * f) << 16);
+      o.y = ((uint32_t)mg_rint_i(p2.x * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p3.x * f) << 16);
+      o.z = ((uint32_t)mg_rint_i(p0.y * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p1.y * f) << 16);
+      o.w = ((uint32_t)mg_rint_i(p2.y * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p3.y * f) << 16);
+      *(MG_SHARED_PTR mg_u4*)(xs + 8u * i) = o;
+    }
+  }
+}
+
 // Rows base + r (r < n) of a weight dotted with xs (K long), each rounded to T and added to the residual h[r],
 // rounded again (the plain path's matmul, then its add): lane-group gw of nw takes rows gw, gw + nw, ...;
 // with PAIRS two rows a round trip (r and r + nw), the same bits
-template <typename T, int QB, int GS, bool PAIRS, bool PS = false>
+template <typename T, int QB, int GS, bool PAIRS, int PS = 0>
 MG_FN void mg_rows_add_residual(const MG_DEVICE T* w, const MG_DEVICE T* s, const MG_DEVICE T* b, size_t base,
                                 MG_SHARED_PTR const T* xs, uint32_t K, uint32_t n, MG_DEVICE float* h, uint32_t gw,
                                 uint32_t nw, uint32_t lane) {

@@ -67,9 +67,18 @@ MG_FN float mg_log(float x) { return metal::precise::log(x); }
 MG_FN float mg_rsqrt(float x) { return metal::precise::rsqrt(x); }
 MG_FN float mg_fmax(float a, float b) { return metal::max(a, b); }
 MG_FN float mg_fmin(float a, float b) { return metal::min(a, b); }
+MG_FN float mg_fabs(float x) { return metal::fabs(x); }
 MG_FN float mg_inf() { return INFINITY; }
 MG_FN uint32_t mg_as_uint(float x) { return as_type<uint32_t>(x); }
 MG_FN float mg_as_float(uint32_t x) { return as_type<float>(x); }
+// c + the products of a's two signed 16-bit halves with b's bytes 0, 1 (lo) or 2, 3 (hi), signed
+MG_FN int mg_dp2a_lo(uint32_t a, uint32_t b, int c) {
+  return c + (int)(short)(a & 0xFFFFu) * (int)(char)(b & 0xFFu) + (int)(short)(a >> 16) * (int)(char)((b >> 8) & 0xFFu);
+}
+MG_FN int mg_dp2a_hi(uint32_t a, uint32_t b, int c) {
+  return c + (int)(short)(a & 0xFFFFu) * (int)(char)((b >> 16) & 0xFFu) + (int)(short)(a >> 16) * (int)(char)(b >> 24);
+}
+MG_FN int mg_rint_i(float x) { return (int)metal::rint(x); }
 
 // element conversion
 template <typename T>

@@ -113,6 +113,40 @@ MG_FN mg_q4_sums mg_q4_chunk_inplace(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_
   return r;
 }
 
+// 4 bits against x in 16-bit fixed point (MG_Q4_FIXED): one chunk of one or two rows as integer sums of q X, where
+// each 16-byte word of x holds its 8 values' X as the pairs (X0, X2), (X4, X6), (X1, X3), (X5, X7)
+// (mg_chunk_fix writes them): a word's even codes, masked into bytes, meet the first two pairs, its odd codes the
+// last two, 4 integer pair dots a word of codes
+struct mg_q4_isums {
+  int d1;
+  int d2;
+};
+// acc plus one word of 8 codes against its word of x in fixed point
+MG_FN int mg_q4_word_fixed(uint32_t w, mg_u4 x, int acc) {
+  const uint32_t lo = w & 0x0F0F0F0Fu;         // codes 0, 2, 4, 6
+  const uint32_t hi = (w >> 4) & 0x0F0F0F0Fu;  // codes 1, 3, 5, 7
+  acc = mg_dp2a_lo(x.x, lo, acc);
+  acc = mg_dp2a_hi(x.y, lo, acc);
+  acc = mg_dp2a_lo(x.z, hi, acc);
+  return mg_dp2a_hi(x.w, hi, acc);
+}
+
+template <bool TWO>
+MG_FN mg_q4_isums mg_q4_chunk_fixed(mg_u4 w1, mg_u4 w2, mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {
+  const uint32_t wa[4] = {w1.x, w1.y, w1.z, w1.w};
+  const uint32_t wb[4] = {w2.x, w2.y, w2.z, w2.w};
+  const mg_u4 xs[4] = {x0, x1, x2, x3};
+  mg_q4_isums r;
+  r.d1 = 0;
+  r.d2 = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    r.d1 = mg_q4_word_fixed(wa[j], xs[j], r.d1);
+    if (TWO) r.d2 = mg_q4_word_fixed(wb[j], xs[j], r.d2);
+  }
+  return r;
+}
+
 // A whole 16-byte chunk: 32 4-bit values with x0..x3, or 16 8-bit values with x0, x1 (x2, x3 unused)
 template <typename T, int QB>
 MG_FN mg_f2 mg_qdot_chunk(mg_u4 w, mg_u4 x0, mg_u4 x1, mg_u4 x2, mg_u4 x3) {

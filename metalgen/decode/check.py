@@ -60,7 +60,9 @@ def step_errors_vs_float32(model, mode: str, prompt_tokens: int = 16, steps: int
     from mlx.utils import tree_map
 
     model32 = copy.deepcopy(model)
-    model32.update(tree_map(lambda a: a.astype(mx.float32), model.parameters()))
+    # (a quantized layer's codes stay as they are: its scales and biases go to float32)
+    model32.update(tree_map(lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a,
+                            model.parameters()))
     vs_plain, fast32, plain32 = [], [], []
     for got, plain, truth in _teacher_forced(model, mode, prompt_tokens, steps, seed, model32):
         vs_plain.append(rel_err(got, plain))
