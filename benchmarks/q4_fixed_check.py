@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from benchmarks.decode_step_probe import parse_variants
 from metalgen.api import load
 from metalgen.decode import gpu
 from metalgen.decode.path import CHECK_RTOL, self_check, stacked_weights
@@ -18,7 +19,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["qwen3-8b-4bit"])
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--variants", default="float:MG_Q4_FIXED=0;fixed:MG_Q4_FIXED=1")
+    ap.add_argument("--variants", type=parse_variants, default="float:MG_Q4_FIXED=0;fixed:MG_Q4_FIXED=1",
+                    help="label:DEF=v,...;label2:... as benchmarks/decode_step_probe.py takes them")
     args = ap.parse_args()
     for shape in args.shapes:
         model = load(f"dummy:{shape}")[0]
@@ -26,11 +28,10 @@ def main():
         base = gpu.MegakernelDecoder(w)
         print(f"== {shape}: ||a - b|| / ||b|| of the logits against the reference, {args.steps} steps "
               f"(the load check's bound {CHECK_RTOL})")
-        for part in filter(None, args.variants.split(";")):
-            label, _, defs = part.partition(":")
+        for label, defines in args.variants:
             dec = gpu.MegakernelDecoder(w)
-            dec.kernel_name = S.with_defines(base.kernel_name, label,
-                                             [(d.split("=")[0], int(d.split("=")[1])) for d in defs.split(",")], None)
+            dec.kernel_name = S.with_defines(base.kernel_name, label, [d for d in defines if d[0] != "@"],
+                                             dict(defines).get("@"))
             print(f"  {label:<8} {self_check(dec, w, steps=args.steps, head=model.logits):.4f}", flush=True)
 
 

@@ -444,7 +444,8 @@ MG_FN mg_f2 mg_q4_pair_dot_first(mg_u4 p0, mg_u4 q0, mg_u4 p1, mg_u4 q1, const M
 template <typename T, int QB, int GS, int PS = 0>
 MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, const MG_DEVICE T* b,
                          MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
-  MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(xs, K);  // (PS, 4 bits)
+  MG_SHARED_PTR const float* xsum = mg_chunk_sums_of<T>(xs, K);    // (PS, 4 bits)
+  MG_SHARED_PTR const float* xscl = mg_chunk_scales_of<T>(xs, K);  // (PS 2)
   const uint32_t QBS = QB ? (uint32_t)QB : 32u;  // (a dense build never calls this)
   const uint32_t VPC = QBS == 4u ? 32u : 16u;    // values a 16-byte chunk holds
   float a = 0.0f;
@@ -460,7 +461,7 @@ MG_FN float mg_qwarp_dot(const MG_DEVICE uint32_t* w, const MG_DEVICE T* s, cons
       if (kj < K) {
         a += mg_qchunk_shared<T, QB, PS>(r[j], xs + kj, mg_to_float(s[kj / GS]), mg_to_float(b[kj / GS]),
                                          PS && QB == 4 ? xsum[kj / 32u] : 0.0f,
-                                         PS == 2 && QB == 4 ? mg_chunk_scales_of<T>(xs, K)[kj / 32u] : 0.0f);
+                                         PS == 2 && QB == 4 ? xscl[kj / 32u] : 0.0f);
       }
     }
   }
@@ -548,6 +549,7 @@ MG_FN void mg_chunk_sums(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
 template <typename T>
 MG_FN void mg_chunk_fix(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
   MG_SHARED_PTR float* sums = mg_chunk_sums_of<T>(xs, K);
+  MG_SHARED_PTR float* scales = mg_chunk_scales_of<T>(xs, K);
   const uint32_t nw = K / 8u;  // words, a multiple of 4: a chunk's 4 lanes are active together
   for (uint32_t i = tid; i < (nw + 31u) / 32u * 32u; i += 256u) {
     const bool on = i < nw;
@@ -570,7 +572,7 @@ MG_FN void mg_chunk_fix(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
     if (on) {
       if ((i & 3u) == 0u) {
         sums[i / 4u] = sx;
-        sums[K / 32u + i / 4u] = e >= 15u ? mg_as_float((e - 14u) << 23) : 0.0f;
+        scales[i / 4u] = e >= 15u ? mg_as_float((e - 14u) << 23) : 0.0f;
       }
       mg_u4 o;
       o.x = ((uint32_t)mg_rint_i(p0.x * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p1.x * f) << 16);
@@ -579,6 +581,18 @@ MG_FN void mg_chunk_fix(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
       o.w = ((uint32_t)mg_rint_i(p2.y * f) & 0xFFFFu) | ((uint32_t)mg_rint_i(p3.y * f) << 16);
       *(MG_SHARED_PTR mg_u4*)(xs + 8u * i) = o;
     }
+  }
+}
+
+// What a phase's 4-bit rows read after the staged vector xs (K values): its chunks' sums (PS 1, mg_chunk_sums), or
+// those with the vector in fixed point and the chunks' scales (PS 2, mg_chunk_fix). The caller holds a barrier
+// before and after.
+template <typename T, int PS>
+MG_FN void mg_chunks_for_rows(MG_SHARED_PTR T* xs, uint32_t K, uint32_t tid) {
+  if (PS == 2) {
+    mg_chunk_fix<T>(xs, K, tid);
+  } else if (PS) {
+    mg_chunk_sums<T>(xs, K, tid);
   }
 }
 
