@@ -504,9 +504,9 @@ FIXED_GAP = 0.25
 
 @pytest.mark.gpu
 def test_gpu_fixed_point_rows_near_float_rows():
-    # the 4-bit rows dotted with x in 16-bit fixed point (integer pair dots, the default at H 4096) against the same
-    # kernel with float rows (MG_Q4_FIXED 0): other roundings, so not the same bits, but as close as two float
-    # summation orders are; a wrong fixed-point layout gives unrelated logits
+    # the 4-bit rows dotted with x in 16-bit fixed point (integer pair dots, the default for dense 4-bit stacks)
+    # against the same kernel with float rows (MG_Q4_FIXED 0): other roundings, so not the same bits, but as close as
+    # two float summation orders are; a wrong fixed-point layout gives unrelated logits
     import kernels_metal
 
     if kernels_metal.backend() != "cuda":
