@@ -42,22 +42,32 @@ MG_FN float mg_chunks_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint3
 }
 
 // One lane-group (32 lanes): dot(w[0:K], xs[0:K]), K a multiple of 8, xs 16-byte aligned.
-// Each lane reads 16 bytes at a time, four rows of 16 bytes in flight; the last (up to three)
-// chunks of a lane are all loaded before the first multiply too, so a row of K <= 1024 costs one
-// round trip to memory. Result in every lane.
+// A lane reads 16-byte chunks 8 lane + 256 j in round trips of up to four, every chunk of a trip loaded before
+// its first multiply; a trip of four adds its dots to the sum as one term, a shorter (the row's last) one by
+// one. Every lane takes its trips in one loop, so that a row of K <= 1024 costs one round trip to memory for the
+// whole lane-group: where the lanes' last trips differ (K = 896: four chunks in lanes 0-15, three in 16-31), a
+// loop of whole trips followed by the short one, as this was written until 2026-11-27, ran the two kinds of lanes
+// one after the other, two round trips a row (H200, the same bits: docs/decode.md, "One loop of trips").
+// Result in every lane.
 template <typename T>
 MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   float acc = 0.0f;
-  uint32_t k = lane * 8u;
-  for (; k + 768u < K; k += 1024u) {
-    const mg_u4 w0 = MG_LOAD_U4_NC(w + k);
-    const mg_u4 w1 = MG_LOAD_U4_NC(w + k + 256u);
-    const mg_u4 w2 = MG_LOAD_U4_NC(w + k + 512u);
-    const mg_u4 w3 = MG_LOAD_U4_NC(w + k + 768u);
-    acc += mg_dot8<T>(w0, MG_LOAD_SHARED_U4(xs + k)) + mg_dot8<T>(w1, MG_LOAD_SHARED_U4(xs + k + 256u)) +
-           mg_dot8<T>(w2, MG_LOAD_SHARED_U4(xs + k + 512u)) + mg_dot8<T>(w3, MG_LOAD_SHARED_U4(xs + k + 768u));
+  for (uint32_t k = lane * 8u; k < K; k += 1024u) {
+    mg_u4 r[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4u; ++j) {
+      if (k + 256u * j < K) r[j] = MG_LOAD_U4_NC(w + k + 256u * j);
+    }
+    if (k + 768u < K) {
+      acc += mg_dot8<T>(r[0], MG_LOAD_SHARED_U4(xs + k)) + mg_dot8<T>(r[1], MG_LOAD_SHARED_U4(xs + k + 256u)) +
+             mg_dot8<T>(r[2], MG_LOAD_SHARED_U4(xs + k + 512u)) + mg_dot8<T>(r[3], MG_LOAD_SHARED_U4(xs + k + 768u));
+    } else {
+#pragma unroll
+      for (uint32_t j = 0; j < 3u; ++j) {
+        if (k + 256u * j < K) acc += mg_dot8<T>(r[j], MG_LOAD_SHARED_U4(xs + k + 256u * j));
+      }
+    }
   }
-  acc = mg_chunks_dot<T, 3, false>(w, xs, k, K, acc);
   return mg_lanes_sum(acc);
 }
 
@@ -159,36 +169,43 @@ MG_FN mg_f2 mg_warp_dot2(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED
 }
 
 // Two rows of one weight with one vector, each summed exactly as mg_warp_dot sums one (the same bits as two
-// calls): four chunks of each row a round trip, the trip's four dots added to the row's sum as one term, then the
-// row's last (up to three) chunks one at a time; both rows' chunks in flight together.
+// calls), in the same loop of trips: both rows' chunks of a trip in flight together.
 template <typename T>
 MG_FN mg_f2 mg_warp_dot_pair(const MG_DEVICE T* w1, const MG_DEVICE T* w2, MG_SHARED_PTR const T* xs, uint32_t K,
                              uint32_t lane) {
   float a = 0.0f;
   float b = 0.0f;
-  uint32_t k = lane * 8u;
-  for (; k + 768u < K; k += 1024u) {
+  for (uint32_t k = lane * 8u; k < K; k += 1024u) {
     mg_u4 p[4];
     mg_u4 q[4];
 #pragma unroll
-    for (uint32_t i = 0; i < 4u; ++i) {
-      p[i] = MG_LOAD_U4_NC(w1 + k + 256u * i);
-      q[i] = MG_LOAD_U4_NC(w2 + k + 256u * i);
+    for (uint32_t j = 0; j < 4u; ++j) {
+      if (k + 256u * j < K) {
+        p[j] = MG_LOAD_U4_NC(w1 + k + 256u * j);
+        q[j] = MG_LOAD_U4_NC(w2 + k + 256u * j);
+      }
     }
-    const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
-    const mg_u4 x1 = MG_LOAD_SHARED_U4(xs + k + 256u);
-    const mg_u4 x2 = MG_LOAD_SHARED_U4(xs + k + 512u);
-    const mg_u4 x3 = MG_LOAD_SHARED_U4(xs + k + 768u);
-    a += mg_dot8<T>(p[0], x0) + mg_dot8<T>(p[1], x1) + mg_dot8<T>(p[2], x2) + mg_dot8<T>(p[3], x3);
-    b += mg_dot8<T>(q[0], x0) + mg_dot8<T>(q[1], x1) + mg_dot8<T>(q[2], x2) + mg_dot8<T>(q[3], x3);
+    if (k + 768u < K) {
+      const mg_u4 x0 = MG_LOAD_SHARED_U4(xs + k);
+      const mg_u4 x1 = MG_LOAD_SHARED_U4(xs + k + 256u);
+      const mg_u4 x2 = MG_LOAD_SHARED_U4(xs + k + 512u);
+      const mg_u4 x3 = MG_LOAD_SHARED_U4(xs + k + 768u);
+      a += mg_dot8<T>(p[0], x0) + mg_dot8<T>(p[1], x1) + mg_dot8<T>(p[2], x2) + mg_dot8<T>(p[3], x3);
+      b += mg_dot8<T>(q[0], x0) + mg_dot8<T>(q[1], x1) + mg_dot8<T>(q[2], x2) + mg_dot8<T>(q[3], x3);
+    } else {
+#pragma unroll
+      for (uint32_t j = 0; j < 3u; ++j) {
+        if (k + 256u * j < K) {
+          const mg_u4 x = MG_LOAD_SHARED_U4(xs + k + 256u * j);
+          a += mg_dot8<T>(p[j], x);
+          b += mg_dot8<T>(q[j], x);
+        }
+      }
+    }
   }
-  mg_f2 ab;
-  ab.x = a;
-  ab.y = b;
-  ab = mg_chunks_dot2x<T, 3>(w1, xs, w2, xs, k, K, ab);
   mg_f2 r;
-  r.x = mg_lanes_sum(ab.x);
-  r.y = mg_lanes_sum(ab.y);
+  r.x = mg_lanes_sum(a);
+  r.y = mg_lanes_sum(b);
   return r;
 }
 
