@@ -235,6 +235,9 @@ def test_megakernel_cuda_text(version):
     text = S.header(spec, "cuda") + S.body(spec, "cuda")
     assert "mg_grid_barrier(bar)" in text and "#define MG_GRID 1" in text
     assert f"#define MG_DECODE_V {version}" in text
+    # the last split group of a head to arrive merges its splits (version 1), counted by one acquire-release atomic
+    # add rather than full fences around a relaxed one (docs/decode.md, "The split merges' count")
+    assert "atom.acq_rel.gpu.global.add.u32" in text and "last_s[0] = mg_arrive_last_acq_rel(cnt" in text
     for pat in (r"threadgroup", r"\bsimd_", r"metal::", r"const device"):
         assert not re.search(pat, text)
 

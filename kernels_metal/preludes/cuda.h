@@ -250,6 +250,20 @@ MG_FN bool mg_arrive_last(unsigned int* count, unsigned int n) {
   return false;
 }
 
+// mg_arrive_last as one acquire-release atomic add (atom.acq_rel.gpu), the grid barrier's way (the release covers the
+// group's writes, ordered before it by a block barrier; the last group's acquire, extended by a block barrier, its
+// reads after): the decode kernels' split merges. H200, 2026-11-27, us a pipelined greedy token, fences / this, each
+// twice: qwen2.5-0.5b 670.8, 663.9 / 658.4, 659.9; qwen3-0.6b 773.9, 784.8 / 768.8, 759.9 (docs/decode.md)
+MG_FN bool mg_arrive_last_acq_rel(unsigned int* count, unsigned int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(count), "r"(1u) : "memory");
+  return old + 1u == n;
+#else
+  return mg_arrive_last(count, n);
+#endif
+}
+
 // Thread 0 of a group waits until `count` (added to with release by other groups) reaches n, as the grid
 // barrier waits for its flip: an acquire load, an 8-64 ns back-off. The group's other threads wait at a block
 // barrier after it.
