@@ -44,11 +44,10 @@ MG_FN float mg_chunks_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint3
 // One lane-group (32 lanes): dot(w[0:K], xs[0:K]), K a multiple of 8, xs 16-byte aligned.
 // A lane reads 16-byte chunks 8 lane + 256 j in round trips of up to four, every chunk of a trip loaded before
 // its first multiply; a trip of four adds its dots to the sum as one term, a shorter (the row's last) one by
-// one. Every lane takes its trips in one loop, so that a row of K <= 1024 costs one round trip to memory for the
-// whole lane-group: where the lanes' last trips differ (K = 896: four chunks in lanes 0-15, three in 16-31), a
-// loop of whole trips followed by the short one, as this was written until 2026-11-27, ran the two kinds of lanes
-// one after the other, two round trips a row (H200, the same bits: docs/decode.md, "One loop of trips").
-// Result in every lane.
+// one. Every lane takes its trips in one loop, so that a row of K <= 1024 costs the lane-group one round trip:
+// where the lanes' last trips differ (K = 896: four chunks in lanes 0-15, three in 16-31), a loop of whole trips
+// and a separate short one run the two kinds of lanes one after the other, two round trips a row
+// (docs/decode.md, "One loop of trips"). Result in every lane.
 template <typename T>
 MG_FN float mg_warp_dot(const MG_DEVICE T* w, MG_SHARED_PTR const T* xs, uint32_t K, uint32_t lane) {
   float acc = 0.0f;
