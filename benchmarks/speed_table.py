@@ -1,10 +1,12 @@
-"""The README's dense-decode speed table, regenerated from one GPU round's `metalgen bench --json` files.
+"""The README's dense-decode speed table, regenerated from GPU rounds' `metalgen bench --json` files.
 
-    python3 benchmarks/speed_table.py RESULTS_DIR [--readme README.md] [--title "..."]
+    python3 benchmarks/speed_table.py RESULTS_DIR [RESULTS_DIR ...] [--readme README.md]
 
-RESULTS_DIR holds bench_<name>.json files (benchmarks/dense_gpu_round.sh writes them, one per shape and
-setting, each with metalgen's and mlx-lm's results from the same run). The table replaces whatever stands
-between the README's `<!-- speed-table -->` and `<!-- /speed-table -->` markers; without --readme it is
+Each RESULTS_DIR holds bench_<name>.json files (benchmarks/dense_gpu_round.sh writes them, one per shape and
+setting, each with metalgen's and mlx-lm's results from the same run). Given several, oldest first, a row (model,
+prompt, sampling) comes from the last directory that has it, and a last column names that directory (under
+benchmarks/results/), so that the table holds each row's latest run and says which. The table replaces whatever
+stands between the README's `<!-- speed-table -->` and `<!-- /speed-table -->` markers; without --readme it is
 printed.
 """
 
@@ -33,6 +35,19 @@ def _setting(report: dict) -> str:
     return ", ".join(parts) or "greedy"
 
 
+def _key(report: dict) -> tuple:
+    """What a row is a measurement of: the model, the prompt length and the sampling."""
+    return report.get("model", "?"), report["results"][0]["prompt_tokens"], _setting(report)
+
+
+def _run_name(folder: Path) -> str:
+    """A results folder as the table names it: its path under benchmarks/results/ where it is there."""
+    parts = folder.resolve().parts
+    if "results" in parts:
+        return "/".join(parts[len(parts) - parts[::-1].index("results"):])
+    return folder.name
+
+
 def _row(report: dict) -> list:
     ours, theirs = report["results"][0], report["results"][1] if len(report["results"]) > 1 else None
     model = report.get("model", "?").replace("dummy:", "")
@@ -52,24 +67,31 @@ def _order(path: Path):
     return (rep["results"][0]["prompt_tokens"], _setting(rep) != "greedy", "bit" in model, family, size)
 
 
-def table(results: Path) -> str:
-    files = sorted(results.glob("bench_*.json"), key=_order)
-    if not files:
-        raise SystemExit(f"no bench_*.json in {results}")
+def table(*results: Path) -> str:
+    """The table of the runs in `results` (oldest first: a later directory's row replaces an earlier one's); with
+    more than one directory, a column names each row's."""
+    latest = {}
+    for folder in results:
+        files = sorted(folder.glob("bench_*.json"))
+        if not files:
+            raise SystemExit(f"no bench_*.json in {folder}")
+        for f in files:
+            latest[_key(json.loads(f.read_text()))] = (f, folder)
     head = ["model", "prompt", "sampling", "path", "metalgen tok/s", "mlx-lm tok/s", "ratio", "weights GB",
-            "peak GB (mlx-lm)"]
+            "peak GB (mlx-lm)"] + (["run"] if len(results) > 1 else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for f in files:
-        lines.append("| " + " | ".join(_row(json.loads(f.read_text()))) + " |")
+    for f, folder in sorted(latest.values(), key=lambda fv: _order(fv[0])):
+        row = _row(json.loads(f.read_text())) + ([f"`{_run_name(folder)}`"] if len(results) > 1 else [])
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, nargs="+", help="results folders, oldest first")
     ap.add_argument("--readme", type=Path, default=None)
     args = ap.parse_args(argv)
-    text = table(args.results)
+    text = table(*args.results)
     if args.readme is None:
         print(text)
         return 0
