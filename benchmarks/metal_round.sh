@@ -4,6 +4,7 @@
 #   check.jsonl / check.txt  every kernel against its reference on Metal (python -m kernels_metal.check)
 #   decode_check.txt         the fused decode path teacher-forced against plain (benchmarks/decode_check.py)
 #   bench.txt, bench_*.json  `metalgen bench --compare mlx-lm` tables, auto and fused, bf16 and 4-bit
+#   speed_table.md           the runs as the README's table (benchmarks/speed_table.py), as the H200 rounds give it
 # Usage (repo root, the project and mlx-lm installed): OUT=dir bash benchmarks/metal_round.sh [shape ...]
 set -uo pipefail
 out=${OUT:-/tmp/metal}
@@ -24,3 +25,4 @@ for s in $shapes; do
         bench "$s$q-fused" --model "dummy:$s$q" --prompt-tokens 128 --gen-tokens 256 --runs 3 --decode fused
     done
 done
+python3 benchmarks/speed_table.py "$out" > "$out/speed_table.md" && cat "$out/speed_table.md"

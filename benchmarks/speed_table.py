@@ -4,7 +4,7 @@
 
 Each RESULTS_DIR holds bench_<name>.json files (benchmarks/dense_gpu_round.sh writes them, one per shape and
 setting, each with metalgen's and mlx-lm's results from the same run). Given several, oldest first, a row (model,
-prompt, sampling) comes from the last directory that has it, and a last column names that directory (under
+prompt, sampling, decode path) comes from the last directory that has it, and a last column names that directory (under
 benchmarks/results/), so that the table holds each row's latest run and says which. The table replaces whatever
 stands between the README's `<!-- speed-table -->` and `<!-- /speed-table -->` markers; without --readme it is
 printed.
@@ -36,8 +36,9 @@ def _setting(report: dict) -> str:
 
 
 def _key(report: dict) -> tuple:
-    """What a row is a measurement of: the model, the prompt length and the sampling."""
-    return report.get("model", "?"), report["results"][0]["prompt_tokens"], _setting(report)
+    """What a row is a measurement of: the model, the prompt length, the sampling and the decode path (a round may
+    bench one model on two paths, as benchmarks/metal_round.sh does)."""
+    return report.get("model", "?"), report["results"][0]["prompt_tokens"], _setting(report), report.get("decode_path")
 
 
 def _run_name(folder: Path) -> str:

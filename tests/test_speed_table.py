@@ -7,9 +7,9 @@ import pytest
 from benchmarks.speed_table import END, START, main, table
 
 
-def _report(model, ours, theirs, prompt=128, temperature=0.0):
+def _report(model, ours, theirs, prompt=128, temperature=0.0, path="megakernel"):
     result = dict(prompt_tokens=prompt, gen_tokens=256, ttft_ms=1.0, prefill_tps=1.0, peak_memory_gb=1.0)
-    return dict(model=f"dummy:{model}", weight_gb=1.0, decode_path="megakernel", decode_ratio=ours / theirs,
+    return dict(model=f"dummy:{model}", weight_gb=1.0, decode_path=path, decode_ratio=ours / theirs,
                 sampling=dict(temperature=temperature, top_p=0.9 if temperature else 1.0, repetition_penalty=1.0),
                 results=[dict(result, engine="metalgen", decode_tps=ours), dict(result, engine="mlx-lm", decode_tps=theirs)])
 
@@ -35,6 +35,15 @@ def test_later_runs_replace_earlier_rows_and_are_named(tmp_path):
     assert "950.0" in by_model[("| `qwen3-0.6b`", "temp 0.7, top-p 0.9")]
     # one directory: no run column
     assert "run" not in table(new).splitlines()[0]
+
+
+def test_one_model_on_two_paths_keeps_both_rows(tmp_path):
+    # benchmarks/metal_round.sh benches each shape on the auto path and the fused one, into one folder
+    run = tmp_path / "metal-round"
+    _write(run, "qwen3-0.6b-auto", _report("qwen3-0.6b", 90.0, 100.0, path="plain"))
+    _write(run, "qwen3-0.6b-fused", _report("qwen3-0.6b", 150.0, 100.0, path="fused"))
+    rows = table(run).splitlines()[2:]
+    assert len(rows) == 2 and {r.split(" | ")[3] for r in rows} == {"plain", "fused"}
 
 
 def test_readme_section_is_replaced(tmp_path):
