@@ -44,9 +44,8 @@ def _key(report: dict) -> tuple:
 def _run_name(folder: Path) -> str:
     """A results folder as the table names it: its path under benchmarks/results/ where it is there."""
     parts = folder.resolve().parts
-    if "results" in parts:
-        return "/".join(parts[len(parts) - parts[::-1].index("results"):])
-    return folder.name
+    under = [i for i, p in enumerate(parts) if p == "results"]
+    return "/".join(parts[under[-1] + 1:]) if under else folder.name
 
 
 def _row(report: dict) -> list:
@@ -59,9 +58,8 @@ def _row(report: dict) -> list:
             f"{report['weight_gb']:.2f}", f"{ours['peak_memory_gb']:.2f}" + (f" ({theirs['peak_memory_gb']:.2f})" if theirs else "")]
 
 
-def _order(path: Path):
+def _order(rep: dict):
     # dense shapes by family and size, bf16 before 4-bit, then the settings and long contexts
-    rep = json.loads(path.read_text())
     model = rep.get("model", "")
     m = re.search(r"(qwen[\d.]+)-([\d.]+)b", model)
     family, size = (m.group(1), float(m.group(2))) if m else (model, 0.0)
@@ -77,12 +75,13 @@ def table(*results: Path) -> str:
         if not files:
             raise SystemExit(f"no bench_*.json in {folder}")
         for f in files:
-            latest[_key(json.loads(f.read_text()))] = (f, folder)
+            report = json.loads(f.read_text())
+            latest[_key(report)] = (report, folder)
     head = ["model", "prompt", "sampling", "path", "metalgen tok/s", "mlx-lm tok/s", "ratio", "weights GB",
             "peak GB (mlx-lm)"] + (["run"] if len(results) > 1 else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for f, folder in sorted(latest.values(), key=lambda fv: _order(fv[0])):
-        row = _row(json.loads(f.read_text())) + ([f"`{_run_name(folder)}`"] if len(results) > 1 else [])
+    for report, folder in sorted(latest.values(), key=lambda rf: _order(rf[0])):
+        row = _row(report) + ([f"`{_run_name(folder)}`"] if len(results) > 1 else [])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -11,7 +11,8 @@ def _report(model, ours, theirs, prompt=128, temperature=0.0, path="megakernel")
     result = dict(prompt_tokens=prompt, gen_tokens=256, ttft_ms=1.0, prefill_tps=1.0, peak_memory_gb=1.0)
     return dict(model=f"dummy:{model}", weight_gb=1.0, decode_path=path, decode_ratio=ours / theirs,
                 sampling=dict(temperature=temperature, top_p=0.9 if temperature else 1.0, repetition_penalty=1.0),
-                results=[dict(result, engine="metalgen", decode_tps=ours), dict(result, engine="mlx-lm", decode_tps=theirs)])
+                results=[dict(result, engine="metalgen", decode_tps=ours),
+                         dict(result, engine="mlx-lm", decode_tps=theirs)])
 
 
 def _write(folder, name, report):
