@@ -238,6 +238,8 @@ def test_megakernel_cuda_text(version):
     # the last split group of a head to arrive merges its splits (version 1), counted by one acquire-release atomic
     # add rather than full fences around a relaxed one (docs/decode.md, "The split merges' count")
     assert "atom.acq_rel.gpu.global.add.u32" in text and "last_s[0] = mg_arrive_last_acq_rel(cnt" in text
+    # the last group asks L2 for the next phases' small inputs (docs/decode.md, "Small inputs asked of L2")
+    assert "prefetch.global.L2::evict_last" in text and "mg_prefetch_l2(norms + ((size_t)l * 2u + 1u)" in text
     for pat in (r"threadgroup", r"\bsimd_", r"metal::", r"const device"):
         assert not re.search(pat, text)
 

@@ -237,6 +237,16 @@ MG_FN void mg_grid_barrier(unsigned int* bar) {
   __syncthreads();
 }
 
+// Ask L2 for the 128-byte lines of [p, p + bytes), thread t of n taking lines t, t + n, ..., marked to be
+// evicted last: a phase's small inputs that no group of the launch wrote (norm weights, biases, a RoPE row) are
+// otherwise a DRAM round trip for every group at the phase's start, the weights streamed since having pushed them out
+MG_FN void mg_prefetch_l2(const void* p, uint32_t bytes, uint32_t t, uint32_t n) {
+  const size_t a = __cvta_generic_to_global(p);
+  for (size_t line = (a & ~(size_t)127) + 128u * t; line < a + bytes; line += 128u * n) {
+    asm volatile("prefetch.global.L2::evict_last [%0];" : : "l"(line));
+  }
+}
+
 // The megakernel's split merge (decode_layer.body, phase 1): thread 0 of a group whose partial of a
 // head is written (and a block barrier passed) releases it and counts the group in; true for the last
 // of the head's `n` groups, which then sees every partial (read through L2) and merges them.
