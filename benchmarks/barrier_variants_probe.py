@@ -11,7 +11,7 @@ does nothing but n barriers (each launch evaluated, median of 15), at 132 and 26
   red     a release red (no old value waited for), thread 0 keeping the word's parity from a load at the launch's
           start, the acquire-load spin with the back-off
   red0    the same without the back-off
-  splitS  probe_barrier_split<S> (cuda.h): S 64-bit counters, block g arriving on counter g mod S, S lanes waiting
+  splitS  probe_barrier_split<S>: S 64-bit counters, block g arriving on counter g mod S, S lanes of warp 0 waiting
 """
 
 import mlx.core as mx
@@ -89,7 +89,7 @@ __device__ __forceinline__ unsigned long long probe_load_acquire_u64(const unsig
 
 // A grid barrier over S counters instead of one word: block g arrives on counter g mod S (ctr[16 c], each on its
 // own 128-byte line), so that an L2 slice takes a S-th of the arrivals one after another, and lanes 0 .. S - 1 of
-// warp 0 each wait for one counter. The counters only grow (64-bit: no wrap), zeroed once with the scratch: counter c
+// warp 0 each wait for one counter. The counters only grow (64-bit: no wrap), zeroed with the buffer: counter c
 // holds n_c (its blocks) times the barriers completed, so a block's arrival tells it which barrier this is (old / n_c)
 // and every counter's target. Every launch on the counters must have the same grid and S.
 template <int S>
@@ -147,7 +147,8 @@ def main():
     header = S.prelude("cuda.h") + VARIANTS
     k = mx.fast.cuda_kernel(name="mg_barrier_variants", input_names=["buf", "params"], output_names=["out"],
                             source=BODY, header=header)
-    for mode, name in enumerate(("fence", "fence0", "relacq", "relacq0", "red", "red0", "split4", "split8", "split16", "split32")):
+    names = ("fence", "fence0", "relacq", "relacq0", "red", "red0", "split4", "split8", "split16", "split32")
+    for mode, name in enumerate(names):
         for nb in (132, 264):
             buf = mx.zeros((1 << 16,), mx.uint32)
             mx.eval(buf)
