@@ -93,6 +93,8 @@ using metal::threadgroup_barrier;
 using metal::mem_flags;
 
 uint atomic_fetch_add_explicit(threadgroup atomic_uint*, uint, metal::memory_order);
+uint atomic_fetch_min_explicit(threadgroup atomic_uint*, uint, metal::memory_order);
+uint atomic_fetch_max_explicit(threadgroup atomic_uint*, uint, metal::memory_order);
 uint atomic_load_explicit(threadgroup atomic_uint*, metal::memory_order);
 void atomic_store_explicit(threadgroup atomic_uint*, uint, metal::memory_order);
 bool atomic_compare_exchange_weak_explicit(threadgroup atomic_uint*, uint*, uint, metal::memory_order,

@@ -142,6 +142,25 @@ def test_gpu_sampler_kernel_equals_the_reference(B, V):
     assert mismatches <= max(1, B // 16)
 
 
+@pytest.mark.skipif(K.backend() == "cpu", reason="the GPU sampler kernel against its reference")
+@pytest.mark.parametrize("B,V", [(1, 151936), (2, 5000)])
+def test_gpu_sampler_on_tied_logits_equals_the_reference(B, V):
+    # logits on a grid of 33 values: each bin of a radix pass holds many copies of one key, so the descents of top-k
+    # and top-p stop where the chosen bin's keys are all one (sample.body), the edge's ties kept whole. Ties are
+    # exact, so every token must equal the reference's
+    rng = np.random.default_rng()
+    logits = mx.array(rng.integers(-16, 17, (B, V)) / 4.0).astype(mx.bfloat16)
+    scratch = K.make_sample_scratch(B, V)
+    state = K.make_sample_state(int(rng.integers(1 << 30)))
+    for temp, k, p in [(0.7, 0, 0.9), (1.0, 0, 0.5), (0.7, 2000, 1.0), (0.7, 3000, 0.6), (1.3, 500, 0.95)]:
+        for _ in range(2):
+            tok, lp, nxt = K.sample(logits, temp, k, p, 0.0, state, None, 1.0, scratch)
+            rt, rl, _ = ref_kernels.sample(logits, temp, k, p, 0.0, state)
+            assert tok.tolist() == rt.tolist(), (temp, k, p)
+            assert np.allclose(np.array(lp), np.array(rl), atol=1e-4)
+            state = nxt
+
+
 def test_presence_and_frequency_penalties_match_numpy():
     # OpenAI's definition, over the generated tokens only: logit -= frequency * count + presence * (count > 0)
     from metalgen.sampling import PresenceFrequencyPenalty, make_presence_frequency_penalty

@@ -19,6 +19,8 @@ typedef float2 mg_f2;
 #define MG_ATOMIC_ADD_U32(arr, i, v) atomicAdd(&(arr)[i], (unsigned int)(v))
 #define MG_ATOMIC_LOAD_U32(arr, i) (*(volatile unsigned int*)&(arr)[i])
 #define MG_ATOMIC_STORE_U32(arr, i, v) ((arr)[i] = (unsigned int)(v))
+#define MG_ATOMIC_MIN_U32(arr, i, v) atomicMin(&(arr)[i], (unsigned int)(v))
+#define MG_ATOMIC_MAX_U32(arr, i, v) atomicMax(&(arr)[i], (unsigned int)(v))
 #define MG_ATOMIC_ADD_F32(arr, i, v) atomicAdd(&(arr)[i], (float)(v))
 #define MG_ATOMIC_LOAD_F32(arr, i) (*(volatile float*)&(arr)[i])
 #define MG_ATOMIC_STORE_F32(arr, i, v) ((arr)[i] = (float)(v))
@@ -179,6 +181,8 @@ MG_FN uint4 mg_load_u4_stream(const void* p) {
 // integer adds on device memory (the sampler's cross-group histograms: order-free, so every run and
 // every group sees the same sums)
 #define MG_DEVICE_ADD_U32(ptr, v) atomicAdd((ptr), (unsigned int)(v))
+#define MG_DEVICE_MIN_U32(ptr, v) atomicMin((ptr), (unsigned int)(v))
+#define MG_DEVICE_MAX_U32(ptr, v) atomicMax((ptr), (unsigned int)(v))
 typedef unsigned long long mg_u64;
 #define MG_DEVICE_ADD_U64(ptr, v) atomicAdd((ptr), (mg_u64)(v))
 

@@ -20,6 +20,8 @@ typedef float2 mg_f2;
 #define MG_ATOMIC_ADD_U32(arr, i, v) atomic_fetch_add_explicit(&(arr)[i], (uint)(v), metal::memory_order_relaxed)
 #define MG_ATOMIC_LOAD_U32(arr, i) atomic_load_explicit(&(arr)[i], metal::memory_order_relaxed)
 #define MG_ATOMIC_STORE_U32(arr, i, v) atomic_store_explicit(&(arr)[i], (uint)(v), metal::memory_order_relaxed)
+#define MG_ATOMIC_MIN_U32(arr, i, v) atomic_fetch_min_explicit(&(arr)[i], (uint)(v), metal::memory_order_relaxed)
+#define MG_ATOMIC_MAX_U32(arr, i, v) atomic_fetch_max_explicit(&(arr)[i], (uint)(v), metal::memory_order_relaxed)
 #define MG_ATOMIC_ADD_F32(arr, i, v) mg_shared_add_f32(&(arr)[i], (v))
 #define MG_ATOMIC_LOAD_F32(arr, i) as_type<float>(atomic_load_explicit(&(arr)[i], metal::memory_order_relaxed))
 #define MG_ATOMIC_STORE_F32(arr, i, v) atomic_store_explicit(&(arr)[i], as_type<uint>((float)(v)), metal::memory_order_relaxed)
