@@ -178,8 +178,8 @@ MG_FN uint4 mg_load_u4_stream(const void* p) {
 #define MG_ASYNC_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define MG_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #define MG_DEVICE_ADD_F32(ptr, v) atomicAdd((ptr), (float)(v))
-// integer adds on device memory (the sampler's cross-group histograms: order-free, so every run and
-// every group sees the same sums)
+// integer adds, mins and maxes on device memory (the sampler's cross-group histograms and their bins' lowest
+// and highest keys: order-free, so every run and every group sees the same sums)
 #define MG_DEVICE_ADD_U32(ptr, v) atomicAdd((ptr), (unsigned int)(v))
 #define MG_DEVICE_MIN_U32(ptr, v) atomicMin((ptr), (unsigned int)(v))
 #define MG_DEVICE_MAX_U32(ptr, v) atomicMax((ptr), (unsigned int)(v))
