@@ -484,7 +484,7 @@ SAMPLE_THREADS = 256
 SAMPLE_MAX_GROUPS = 256
 SAMPLE_MIN_SLICE = 512
 SAMPLE_GROUPS_PER_SM = 2
-SAMPLE_SCRATCH_WORDS = 4112 + 4 * SAMPLE_MAX_GROUPS + 4096  # sync words, histograms, the groups' table, bins' keys
+SAMPLE_SCRATCH_WORDS = 4112 + 4 * SAMPLE_MAX_GROUPS + 4096  # sync words, histograms, the groups' table; the bins' keys last
 
 
 def sample_groups(B: int, V: int) -> int:
