@@ -220,7 +220,7 @@ class _GpuDecoder:
 
     def _params(self, state, use_emb, s_begin, s_end):
         """The launch's int32 parameter array. Rows for PARAM_BLOCK consecutive positions are made
-        in one host-to-device copy and each launch takes a row (a view): a fresh host array per
+        in one host-to-device copy and each launch takes a row (a view, no launch): a fresh host array per
         launch cost ~65 us a token on the H200 (benchmarks/decode_step_probe.py)."""
         pos = state.pos
         block = pos // PARAM_BLOCK
@@ -235,7 +235,10 @@ class _GpuDecoder:
             table = mx.array(rows, mx.int32)
             mx.eval(table)
             self._param_cache[key] = table
-        return table[pos - block * PARAM_BLOCK]
+        # a slice, a view of the table: `table[i]` is a gather whose index, a scalar the host makes every step, sits in
+        # MLX's unified-memory pool of small arrays (docs/decode.md, "Small arrays in unified memory")
+        i = pos - block * PARAM_BLOCK
+        return table[i : i + 1].reshape(-1)
 
     init_value = 0
 
