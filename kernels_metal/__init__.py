@@ -13,7 +13,7 @@ import functools
 import mlx.core as mx
 
 from . import reference
-from .reference import Experts, RopeTable, rope_table, make_sample_state, token_word
+from .reference import Experts, RopeTable, rope_table, make_sample_state, token_word, with_recent, ring_size
 from .reference import MagpieLTWeights
 
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "sample",
     "make_sample_state",
     "token_word",
+    "with_recent",
+    "ring_size",
     "make_sample_scratch",
     "sample_rows",
     "Experts",
@@ -214,7 +216,8 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
 
 
 def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
-    """Fused repetition penalty (the ids of `recent`, (T,) or (B, T)), temperature / top-k / top-p / min-p
+    """Fused repetition penalty (the ids of `recent`, (T,) or (B, T); without it, the ring of a state made with a
+    window, which every draw also writes its token into), temperature / top-k / top-p / min-p
     and Gumbel-max draw on logits (B, V); (tokens, logprobs, next_state). `scratch`: from
     `make_sample_scratch(B, V)`, the device memory the GPU kernel works in (made per call without it).
     Calls that share a scratch must be ordered, each taking the state the one before returned (as a

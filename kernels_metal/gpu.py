@@ -526,7 +526,7 @@ def _recent_rows(recent, B: int, penalized: bool):
     return (recent if recent.dtype == mx.int32 else recent.astype(mx.int32)), recent.shape[1]
 
 
-def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, scratch, fb):
+def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, scratch, fb, ring: bool = False):
     B, V = logits.shape
     if logits.dtype not in _GPU_DTYPES:
         return fb()
@@ -534,7 +534,8 @@ def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, sc
         scratch = make_sample_scratch(B, V)  # (a larger one serves too: a launch uses its first B rows)
     nb = sample_groups(B, V)
     # the state's words a row (per_row 0: those past [seed, counter] are carried through, reference.SAMPLE_STATE_WORDS)
-    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), int(state.shape[-1]))
+    # ring: the penalty reads the state's ring of recent tokens (reference.make_sample_state's window), not `recent`
+    ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), int(state.shape[-1]), int(ring))
     state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     tok, lp, ns = _run("sample", (logits.dtype,), fb,
                        inputs=[logits, _rparams(rows), ip, state, recent, scratch[0], scratch[1]],
@@ -548,10 +549,16 @@ def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty
     if logits.ndim == 1:
         logits = logits[None]
     B = logits.shape[0]
+    fb = lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)  # noqa: E731
+    W = ref.ring_size(state)
+    if recent is None and W:
+        if B != 1:
+            raise ValueError("a sampler state with recent tokens draws one row")
+        rows = (_row_settings(temperature, top_k, top_p, min_p, penalty, W),)
+        return _sample_launch(logits, rows, state, _i32(-1), W, False, scratch, fb, ring=True)
     rec, H = _recent_rows(recent, B, penalty != 1.0)
     rows = (_row_settings(temperature, top_k, top_p, min_p, penalty, H),) * B
-    return _sample_launch(logits, rows, state, rec, H, False, scratch,
-                          lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty))
+    return _sample_launch(logits, rows, state, rec, H, False, scratch, fb)
 
 
 def sample_rows(logits, settings, states, recent=None, scratch=None):

@@ -337,13 +337,43 @@ def hash_uniform(state: mx.array, B: int, V: int, streams: Optional[mx.array] = 
 # kernel reads the state: 16 bytes took 0.3-3.1% off a pipelined token on the H200 (docs/decode.md, "Small arrays in
 # unified memory"). The third word is the token row 0 drew: device memory that a GPU decode step reads as its next
 # input instead of the (1,) token array in that pool (`token_word`). Words past it are carried through unchanged; a
-# state of 2 words is still taken.
+# state of 2 words is still taken. A state made with a window of W recent tokens has W more words, a ring of the
+# last W ids drawn (or given by `with_recent`; 0xffffffff where empty), the fourth word the ring's next slot: the
+# repetition penalty reads the ring, and each draw writes its token into it, so that a decode loop keeps no history
+# of its own (a concatenation a token, docs/decode.md "Samplers and logits processors").
 SAMPLE_STATE_WORDS = 4
 
 
-def make_sample_state(seed: int) -> mx.array:
-    """The sampler's device state: uint32 [seed, counter=0, last token=0, 0] (the last word padding)."""
-    return mx.array([int(seed) & _MASK, 0] + [0] * (SAMPLE_STATE_WORDS - 2), dtype=U32)
+def make_sample_state(seed: int, window: int = 0) -> mx.array:
+    """The sampler's device state: uint32 [seed, counter=0, last token=0, ring slot=0] and, with a `window`, a ring of
+    that many recent tokens, empty."""
+    return mx.array([int(seed) & _MASK, 0] + [0] * (SAMPLE_STATE_WORDS - 2) + [_MASK] * int(window), dtype=U32)
+
+
+def ring_size(state: mx.array) -> int:
+    """W, the recent tokens a sampler state keeps (0: none; a per-row state (B, 3) keeps none)."""
+    return max(0, int(state.shape[-1]) - SAMPLE_STATE_WORDS) if state.ndim == 1 else 0
+
+
+def with_recent(state: mx.array, ids, window: int) -> mx.array:
+    """`state` (one row's: seed and counter kept) with a ring of `window` recent tokens holding the last of `ids`
+    (oldest first; fewer leave the rest empty) and its slot at the oldest entry, so that the next draw replaces it
+    once the ring is full."""
+    W = int(window)
+    if W <= 0 or state.ndim != 1:
+        raise ValueError(f"a ring of recent tokens needs a window > 0 and one row's state, got {W}")
+    ids = (ids if isinstance(ids, mx.array) else mx.array(ids, mx.int32)).reshape(-1).astype(mx.int32)
+    if state.shape[0] < SAMPLE_STATE_WORDS:
+        state = mx.concatenate([state, mx.zeros((SAMPLE_STATE_WORDS - state.shape[0],), U32)])
+    n = min(int(ids.size), W)
+    ring = [ids[ids.size - n :].astype(U32)] if n else []
+    ring.append(mx.full((W - n,), _MASK, U32))
+    return mx.concatenate([state[:3], mx.array([n % W], U32)] + ring)
+
+
+def recent_ids(state: mx.array) -> mx.array:
+    """The ring's ids, (W,) int32 in slot order, -1 where empty (a state with a window)."""
+    return mx.view(state[SAMPLE_STATE_WORDS:], mx.int32)
 
 
 @functools.lru_cache(maxsize=8)
@@ -363,7 +393,12 @@ def drawn_state(state: mx.array, tok: mx.array) -> mx.array:
     nxt = advance_state(state)
     if state.ndim != 1 or state.shape[0] < 3:
         return nxt
-    return mx.concatenate([nxt[:2], tok[:1].astype(U32), nxt[3:]])
+    W = ring_size(state)
+    if W == 0:
+        return mx.concatenate([nxt[:2], tok[:1].astype(U32), nxt[3:]])
+    slot = state[3:4] % _u(W)  # lazy, as the kernel's: no readback
+    ring = mx.where(mx.arange(W).astype(U32) == slot, tok[:1].astype(U32), nxt[SAMPLE_STATE_WORDS:])
+    return mx.concatenate([nxt[:2], tok[:1].astype(U32), (slot + _u(1)) % _u(W), ring])
 
 
 def token_word(state: mx.array) -> mx.array:
@@ -418,7 +453,8 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     """Returns (tokens (B,) int32, logprobs (B,) float32, next_state).
 
     recent, penalty: the repetition penalty (`penalize`), applied first; the logprob is that of the
-    penalized logits. streams: each row's random stream (default: its index).
+    penalized logits. Without `recent`, a state with a window (make_sample_state) penalizes its ring's ids, and
+    the drawn token goes into the ring either way. streams: each row's random stream (default: its index).
 
     Gumbel-max: token = argmax over surviving tokens of s_v - log(-log(u[b, v])), u from
     hash_uniform(state). temperature == 0 is greedy argmax of the raw logits; the state advances
@@ -428,6 +464,10 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     if logits.ndim == 1:
         logits = logits[None]
     B, V = logits.shape
+    if recent is None and ring_size(state):
+        if B != 1:
+            raise ValueError("a sampler state with recent tokens draws one row")
+        recent = recent_ids(state)
     if recent is not None and penalty != 1.0 and recent.size:
         logits = penalize(logits, recent, penalty)
     lf = logits.astype(mx.float32)

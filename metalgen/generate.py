@@ -18,7 +18,7 @@ from profiling import NullTracer
 
 from .cache import cache_length, make_prompt_cache
 from .errors import MetalgenError
-from .sampling import DeviceSampler, LogitsProcessor, Sampler, make_sampler, sample_processed
+from .sampling import DeviceSampler, LogitsProcessor, Sampler, lone_penalty, make_sampler, sample_processed
 
 _NULL_TRACER = NullTracer()
 
@@ -161,6 +161,12 @@ def generate_step(
     cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model, decode="plain")
     processors = list(logits_processors)
     history = prompt if processors else None
+    rp = lone_penalty(processors, sampler) if not k else None
+    if rp is not None:
+        # the sampler keeps the recent tokens in its device state and adds each draw itself: no history to
+        # concatenate a token (a launch on the device, a copy that grows with the generation)
+        sampler.keep_recent(prompt, rp.context_size)
+        history = None
     stacked = getattr(cache, "decoder", None) is not None  # a StackedPromptCache: decoded on in place
     if stacked:
         cache.reserve(cache.offset + int(prompt.size) + max_tokens)
@@ -196,7 +202,7 @@ def generate_step(
     while n < max_tokens:
         if n + 1 < max_tokens:
             # Enqueue step n+1 on the device before reading token n back.
-            if processors:
+            if history is not None:
                 history = mx.concatenate([history, y])
             next_top = None
             if fast is not None:

@@ -87,6 +87,17 @@ class DeviceSampler:
                                                 self.state, recent, penalty, self._scratch[shape])
         return tokens, logprobs
 
+    @property
+    def window(self) -> int:
+        """How many recent tokens the sampler's state keeps for a repetition penalty (0: none; `keep_recent`)."""
+        return K.ring_size(self.state)
+
+    def keep_recent(self, ids: mx.array, window: int) -> None:
+        """Keep the last `window` tokens in the sampler's device state, starting from the last of `ids` (the prompt):
+        each draw adds its token, and `sampler(logits, penalty=p)` penalizes them inside the sampling launch, so
+        that a decode loop holds no history of its own (one row; the seed and counter carry on)."""
+        self.state = K.with_recent(self.state, ids, window)
+
     def last_token(self) -> mx.array:
         """The token the last call drew for row 0, (1,) int32, lazy: a view of the sampler's state, so in the
         device's own memory. A decode step on the GPU reads it as its next input where the returned token (4
@@ -150,14 +161,23 @@ def make_presence_frequency_penalty(presence: float = 0.0, frequency: float = 0.
     return [PresenceFrequencyPenalty(presence, frequency, prompt_tokens)]
 
 
+def lone_penalty(processors: Sequence[LogitsProcessor], sampler: Sampler) -> Optional[RepetitionPenalty]:
+    """The repetition penalty that a `DeviceSampler` folds into its launch: the processors' only one, else None."""
+    if len(processors) == 1 and isinstance(processors[0], RepetitionPenalty) and isinstance(sampler, DeviceSampler):
+        return processors[0]
+    return None
+
+
 def sample_processed(logits: mx.array, sampler: Sampler, processors: Sequence[LogitsProcessor],
                      history: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
     """Run the logits processors, then the sampler, on `logits` (1, V); lazy (token (1,), logprob (1,)).
-    A lone repetition penalty before a `DeviceSampler` runs inside the sampler's launch."""
-    if (len(processors) == 1 and isinstance(processors[0], RepetitionPenalty) and isinstance(sampler, DeviceSampler)
-            and history is not None):
-        rp = processors[0]
+    A lone repetition penalty before a `DeviceSampler` runs inside the sampler's launch, over the recent tokens
+    the end of `history`, or without one, over the recent tokens the sampler keeps (`keep_recent`)."""
+    rp = lone_penalty(processors, sampler)
+    if rp is not None and history is not None:
         return sampler(logits, recent=history[-rp.context_size:], penalty=rp.penalty)
+    if rp is not None and sampler.window == rp.context_size:
+        return sampler(logits, penalty=rp.penalty)
     for processor in processors:
         logits = processor(history, logits)
     return sampler(logits)

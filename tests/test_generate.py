@@ -173,6 +173,28 @@ def test_logits_processors_and_sampling_run_on_the_stacked_path(tiny, penalty):
 
 
 @pytest.mark.parametrize("decode", ["plain", "reference"])
+def test_penalty_over_the_samplers_own_recent_tokens_equals_the_history(tiny, decode):
+    # a lone repetition penalty: the sampler keeps the recent tokens in its state (no history concatenated a token);
+    # the same penalty behind a second processor runs as MLX operations over the history. Same tokens (float32
+    # logits: the processor's arithmetic is the kernel's), with the ring on the prompt's last tokens at the start
+    from metalgen.sampling import make_repetition_penalty, make_sampler
+
+    model, _ = tiny
+    prompt = mx.array([5, 9, 5, 9, 5, 9, 17, 3, 3, 8, 21], mx.int32)
+    rp = make_repetition_penalty(0.1, 6)
+    kept, given = make_sampler(0.9, top_p=0.95, seed=11), make_sampler(0.9, top_p=0.95, seed=11)
+    ring = [t for t, _ in generate_step(prompt, model, max_tokens=30, sampler=kept, logits_processors=[rp],
+                                        decode=decode)]
+    history = [t for t, _ in generate_step(prompt, model, max_tokens=30, sampler=given,
+                                           logits_processors=[rp, lambda h, logits: logits], decode=decode)]
+    assert kept.window == 6 and given.window == 0
+    assert ring == history
+    free = [t for t, _ in generate_step(prompt, model, max_tokens=30, sampler=make_sampler(0.9, top_p=0.95, seed=11),
+                                        decode=decode)]
+    assert ring != free  # the penalty acted
+
+
+@pytest.mark.parametrize("decode", ["plain", "reference"])
 def test_top_logprobs_are_the_log_softmax_top_k_and_change_nothing_else(tiny, decode):
     # each step's k alternatives are the top k of log_softmax(logits) (numpy over the full logits of the
     # same prefix), the chosen token and its logprob are as without them, and a step still reads back once

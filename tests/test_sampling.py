@@ -106,6 +106,55 @@ def test_penalty_folded_into_the_sampler_equals_the_processor_before_it(settings
         assert t1.item() not in top[:2]  # the unpenalized argmax was top[0]
 
 
+@pytest.mark.parametrize("prompt_len", [3, 40])
+def test_state_ring_penalizes_the_last_tokens_as_an_explicit_history(prompt_len):
+    # a state made with a window keeps the last W tokens (the prompt's, then each draw's) and the penalty reads them:
+    # the draws equal those given the end of the growing history explicitly, and the ring holds that end
+    rng = np.random.default_rng()
+    V, W = 64, 8
+    logits = mx.array(rng.normal(size=(1, V)).astype(np.float32) * 3)
+    prompt = mx.array(rng.integers(0, V, prompt_len), mx.int32)
+    seed = int(rng.integers(1 << 30))
+    ring = ref_kernels.with_recent(ref_kernels.make_sample_state(seed), prompt, W)
+    plain = ref_kernels.make_sample_state(seed)
+    assert ref_kernels.ring_size(ring) == W and ref_kernels.ring_size(plain) == 0
+    history = prompt
+    for step in range(20):
+        tr, lr, ring = ref_kernels.sample(logits, 1.0, 0, 1.0, 0.0, ring, None, 0.05)
+        tp, lp, plain = ref_kernels.sample(logits, 1.0, 0, 1.0, 0.0, plain, history[-W:], 0.05)
+        assert tr.tolist() == tp.tolist() and lr.item() == pytest.approx(lp.item(), abs=1e-6)
+        history = mx.concatenate([history, tr])
+        kept = sorted(i for i in ref_kernels.recent_ids(ring).tolist() if i >= 0)
+        assert kept == sorted(history[-W:].tolist())
+        assert ring[:3].tolist() == plain[:3].tolist()  # seed, counter and the token word as without a ring
+
+
+def test_sampler_keeps_recent_tokens_for_its_penalty():
+    # DeviceSampler.keep_recent: the lone penalty then needs no history, and draws as with one
+    rng = np.random.default_rng()
+    logits = mx.array(rng.normal(size=(1, 300)).astype(np.float32) * 3)
+    prompt = mx.array(rng.integers(0, 300, 30), mx.int32)
+    rp = make_repetition_penalty(0.2, context_size=10)
+    kept, given = make_sampler(0.8, top_p=0.95, seed=5), make_sampler(0.8, top_p=0.95, seed=5)
+    kept.keep_recent(prompt, rp.context_size)
+    assert kept.window == 10 and given.window == 0
+    history = prompt
+    for _ in range(12):
+        t1, l1 = sample_processed(logits, kept, [rp], None)
+        t2, l2 = sample_processed(logits, given, [rp], history)
+        assert t1.tolist() == t2.tolist() and l1.item() == pytest.approx(l2.item(), abs=1e-5)
+        assert kept.last_token().tolist() == t1.tolist()
+        history = mx.concatenate([history, t1])
+
+
+def test_ring_needs_a_window_and_one_row():
+    with pytest.raises(ValueError):
+        ref_kernels.with_recent(ref_kernels.make_sample_state(1), mx.array([1, 2]), 0)
+    ring = ref_kernels.with_recent(ref_kernels.make_sample_state(1), mx.array([1, 2]), 4)
+    with pytest.raises(ValueError):
+        K.sample(mx.zeros((2, 16)), 0.0, 0, 1.0, 0.0, ring, None, 1.3)
+
+
 def test_penalize_ignores_ids_outside_the_vocabulary_and_counts_repeats_once():
     logits = mx.array([[2.0, -2.0, 4.0, 1.0], [1.0, 1.0, 1.0, -1.0]])
     recent = mx.array([[0, 0, 1, -1], [3, 7, 3, 2]], dtype=mx.int32)
@@ -140,6 +189,24 @@ def test_gpu_sampler_kernel_equals_the_reference(B, V):
             assert np.allclose(np.array(lp)[same], np.array(rl)[same], atol=1e-4)
             state = nxt
     assert mismatches <= max(1, B // 16)
+
+
+@pytest.mark.skipif(K.backend() == "cpu", reason="the GPU sampler kernel against its reference")
+@pytest.mark.parametrize("V", [151936, 1000])
+def test_gpu_sampler_ring_equals_the_reference(V):
+    # the kernel reads the penalty's ids from the state's ring and writes each draw into it, as the reference: the
+    # same tokens, and the same state words (ring and slot included) after every step
+    rng = np.random.default_rng()
+    scratch = K.make_sample_scratch(1, V)
+    state = K.with_recent(K.make_sample_state(int(rng.integers(1 << 30))), mx.array(rng.integers(0, V, 5), mx.int32), 12)
+    for temp, p, pen in [(0.0, 1.0, 1.3), (0.7, 0.9, 1.1), (1.0, 1.0, 0.05)] * 6:
+        logits = mx.array(rng.normal(size=(1, V)) * 2.5).astype(mx.bfloat16)
+        tok, lp, nxt = K.sample(logits, temp, 0, p, 0.0, state, None, pen, scratch)
+        rt, rl, rn = ref_kernels.sample(logits, temp, 0, p, 0.0, state, None, pen)
+        assert tok.tolist() == rt.tolist()
+        assert np.allclose(np.array(lp), np.array(rl), atol=1e-4)
+        assert nxt.tolist() == rn.tolist()
+        state = nxt
 
 
 @pytest.mark.skipif(K.backend() == "cpu", reason="the GPU sampler kernel against its reference")
