@@ -216,7 +216,7 @@ def quantized_linear(x, w, scales, biases, group_size, bits, bias=None):
 
 
 def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty=1.0, scratch=None):
-    """Fused repetition penalty (the ids of `recent`, (T,) or (B, T); without it, the ring of a state made with a
+    """Fused repetition penalty (the ids of `recent`, (T,) or (B, T); without it, the ring of a state given a
     window, which every draw also writes its token into), temperature / top-k / top-p / min-p
     and Gumbel-max draw on logits (B, V); (tokens, logprobs, next_state). `scratch`: from
     `make_sample_scratch(B, V)`, the device memory the GPU kernel works in (made per call without it).

@@ -534,7 +534,7 @@ def _sample_launch(logits, rows: tuple, state, recent, H: int, per_row: bool, sc
         scratch = make_sample_scratch(B, V)  # (a larger one serves too: a launch uses its first B rows)
     nb = sample_groups(B, V)
     # the state's words a row (per_row 0: those past [seed, counter] are carried through, reference.SAMPLE_STATE_WORDS)
-    # ring: the penalty reads the state's ring of recent tokens (reference.make_sample_state's window), not `recent`
+    # ring: the penalty reads the state's ring of recent tokens (reference.with_recent), not `recent`
     ip = _i32(V, nb, H, SAMPLE_SCRATCH_WORDS, int(per_row), int(state.shape[-1]), int(ring))
     state = state if state.dtype == mx.uint32 else state.astype(mx.uint32)
     tok, lp, ns = _run("sample", (logits.dtype,), fb,
@@ -550,10 +550,8 @@ def sample(logits, temperature, top_k, top_p, min_p, state, recent=None, penalty
         logits = logits[None]
     B = logits.shape[0]
     fb = lambda: ref.sample(logits, temperature, top_k, top_p, min_p, state, recent, penalty)  # noqa: E731
-    W = ref.ring_size(state)
-    if recent is None and W:
-        if B != 1:
-            raise ValueError("a sampler state with recent tokens draws one row")
+    W = ref.ring_penalizes(state, recent, B)
+    if W:
         rows = (_row_settings(temperature, top_k, top_p, min_p, penalty, W),)
         return _sample_launch(logits, rows, state, _i32(-1), W, False, scratch, fb, ring=True)
     rec, H = _recent_rows(recent, B, penalty != 1.0)

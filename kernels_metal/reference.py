@@ -337,17 +337,16 @@ def hash_uniform(state: mx.array, B: int, V: int, streams: Optional[mx.array] = 
 # kernel reads the state: 16 bytes took 0.3-3.1% off a pipelined token on the H200 (docs/decode.md, "Small arrays in
 # unified memory"). The third word is the token row 0 drew: device memory that a GPU decode step reads as its next
 # input instead of the (1,) token array in that pool (`token_word`). Words past it are carried through unchanged; a
-# state of 2 words is still taken. A state made with a window of W recent tokens has W more words, a ring of the
-# last W ids drawn (or given by `with_recent`; 0xffffffff where empty), the fourth word the ring's next slot: the
+# state of 2 words is still taken. A state given a window of W recent tokens (`with_recent`) has W more words, a ring
+# of the last W ids given or drawn (0xffffffff where empty), the fourth word the ring's next slot: the
 # repetition penalty reads the ring, and each draw writes its token into it, so that a decode loop keeps no history
 # of its own (a concatenation a token, docs/decode.md "Samplers and logits processors").
 SAMPLE_STATE_WORDS = 4
 
 
-def make_sample_state(seed: int, window: int = 0) -> mx.array:
-    """The sampler's device state: uint32 [seed, counter=0, last token=0, ring slot=0] and, with a `window`, a ring of
-    that many recent tokens, empty."""
-    return mx.array([int(seed) & _MASK, 0] + [0] * (SAMPLE_STATE_WORDS - 2) + [_MASK] * int(window), dtype=U32)
+def make_sample_state(seed: int) -> mx.array:
+    """The sampler's device state: uint32 [seed, counter=0, last token=0, ring slot=0] (`with_recent` adds a ring)."""
+    return mx.array([int(seed) & _MASK, 0] + [0] * (SAMPLE_STATE_WORDS - 2), dtype=U32)
 
 
 def ring_size(state: mx.array) -> int:
@@ -369,6 +368,15 @@ def with_recent(state: mx.array, ids, window: int) -> mx.array:
     ring = [ids[ids.size - n :].astype(U32)] if n else []
     ring.append(mx.full((W - n,), _MASK, U32))
     return mx.concatenate([state[:3], mx.array([n % W], U32)] + ring)
+
+
+def ring_penalizes(state: mx.array, recent, rows: int) -> int:
+    """W where a call's penalty reads the state's ring of W recent tokens (no `recent` given and a ring kept), else 0.
+    A ring is one row's: more rows are refused."""
+    W = ring_size(state) if recent is None else 0
+    if W and rows != 1:
+        raise ValueError("a sampler state with recent tokens draws one row")
+    return W
 
 
 def recent_ids(state: mx.array) -> mx.array:
@@ -453,7 +461,7 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     """Returns (tokens (B,) int32, logprobs (B,) float32, next_state).
 
     recent, penalty: the repetition penalty (`penalize`), applied first; the logprob is that of the
-    penalized logits. Without `recent`, a state with a window (make_sample_state) penalizes its ring's ids, and
+    penalized logits. Without `recent`, a state with a ring (with_recent) penalizes its ring's ids, and
     the drawn token goes into the ring either way. streams: each row's random stream (default: its index).
 
     Gumbel-max: token = argmax over surviving tokens of s_v - log(-log(u[b, v])), u from
@@ -464,9 +472,7 @@ def sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, s
     if logits.ndim == 1:
         logits = logits[None]
     B, V = logits.shape
-    if recent is None and ring_size(state):
-        if B != 1:
-            raise ValueError("a sampler state with recent tokens draws one row")
+    if ring_penalizes(state, recent, B):
         recent = recent_ids(state)
     if recent is not None and penalty != 1.0 and recent.size:
         logits = penalize(logits, recent, penalty)

@@ -108,7 +108,7 @@ def test_penalty_folded_into_the_sampler_equals_the_processor_before_it(settings
 
 @pytest.mark.parametrize("prompt_len", [3, 40])
 def test_state_ring_penalizes_the_last_tokens_as_an_explicit_history(prompt_len):
-    # a state made with a window keeps the last W tokens (the prompt's, then each draw's) and the penalty reads them:
+    # a state given a window (with_recent) keeps the last W tokens (the prompt's, then each draw's), the penalty reads them:
     # the draws equal those given the end of the growing history explicitly, and the ring holds that end
     rng = np.random.default_rng()
     V, W = 64, 8
@@ -198,7 +198,8 @@ def test_gpu_sampler_ring_equals_the_reference(V):
     # same tokens, and the same state words (ring and slot included) after every step
     rng = np.random.default_rng()
     scratch = K.make_sample_scratch(1, V)
-    state = K.with_recent(K.make_sample_state(int(rng.integers(1 << 30))), mx.array(rng.integers(0, V, 5), mx.int32), 12)
+    prompt = mx.array(rng.integers(0, V, 5), mx.int32)
+    state = K.with_recent(K.make_sample_state(int(rng.integers(1 << 30))), prompt, 12)
     for temp, p, pen in [(0.0, 1.0, 1.3), (0.7, 0.9, 1.1), (1.0, 1.0, 0.05)] * 6:
         logits = mx.array(rng.normal(size=(1, V)) * 2.5).astype(mx.bfloat16)
         tok, lp, nxt = K.sample(logits, temp, 0, p, 0.0, state, None, pen, scratch)
